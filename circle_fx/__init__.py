@@ -1,0 +1,19 @@
+"""circle_fx: compile unpatched PyTorch models to Circle, fusing decomposed subgraphs.
+
+    import circle_fx
+    cm = circle_fx.export(model, (input_ids,))
+    cm.save("model.circle"); print(cm.summary()); cm.run(input_ids)
+"""
+from . import ops  # noqa: F401  (registers torch.ops.circle.*)
+from .api import capture, export, lower
+from .errors import (CaptureError, CircleFxError, InputError, PassError, RuntimeFailure,
+                     UnsupportedDtypeError, UnsupportedOpError, VerifyError)
+from .model import CircleModel
+from .passes import Pass, Pipeline, default_pipeline
+from .program import Program
+
+__version__ = "0.1.0"
+
+__all__ = ["export", "capture", "lower", "CircleModel", "Program", "Pass", "Pipeline", "default_pipeline",
+           "CircleFxError", "CaptureError", "InputError", "PassError", "RuntimeFailure",
+           "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError"]

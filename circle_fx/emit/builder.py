@@ -1,0 +1,101 @@
+"""Accumulates a Circle subgraph: tensors, constant buffers, operator codes, operators.
+
+Constants are kept as numpy arrays (views of the torch tensors, no copies) until the
+writer streams them out; identical storage is stored once, so tied weights (Llama's
+``lm_head`` and embedding) share one buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from circle_schema import circle
+
+from .types import NUMPY_TO_CIRCLE
+
+BO = circle.BuiltinOperator.BuiltinOperator
+BOPT = circle.BuiltinOptions.BuiltinOptions
+BOPT2 = circle.BuiltinOptions2.BuiltinOptions2
+
+
+def _builtin_name(code: int) -> str:
+    for k, v in vars(BO).items():
+        if v == code and not k.startswith("_"):
+            return k
+    return str(code)
+
+
+_OPNAMES: dict[int, str] = {}
+
+
+def op_name(code: int) -> str:
+    if code not in _OPNAMES:
+        _OPNAMES[code] = _builtin_name(code)
+    return _OPNAMES[code]
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: list[int]
+    type: int
+    buffer: int = 0
+    shape_signature: list[int] | None = None
+
+
+@dataclass
+class OperatorInfo:
+    code: int
+    inputs: list[int]
+    outputs: list[int]
+    options: object = None
+    source: str = ""
+
+
+@dataclass
+class ModelBuilder:
+    tensors: list[TensorInfo] = field(default_factory=list)
+    #: buffer 0 is the mandatory empty sentinel; others hold numpy arrays
+    buffers: list[np.ndarray | None] = field(default_factory=lambda: [None])
+    operators: list[OperatorInfo] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+    _buffer_keys: dict = field(default_factory=dict)
+    _names: set = field(default_factory=set)
+
+    def _unique(self, name: str) -> str:
+        base, i = name, 1
+        while name in self._names:
+            name = f"{base}_{i}"
+            i += 1
+        self._names.add(name)
+        return name
+
+    def add_tensor(self, name: str, shape, ctype: int, buffer: int = 0, shape_signature=None) -> int:
+        self.tensors.append(TensorInfo(self._unique(name), [int(d) for d in shape], ctype, buffer,
+                                       list(shape_signature) if shape_signature is not None else None))
+        return len(self.tensors) - 1
+
+    def add_buffer(self, array: np.ndarray, key=None) -> int:
+        if key is not None and key in self._buffer_keys:
+            return self._buffer_keys[key]
+        self.buffers.append(np.ascontiguousarray(array))
+        idx = len(self.buffers) - 1
+        if key is not None:
+            self._buffer_keys[key] = idx
+        return idx
+
+    def add_constant(self, name: str, array: np.ndarray, key=None) -> int:
+        array = np.asarray(array)
+        if key is None:
+            key = ("bytes", array.dtype.str, array.shape, array.tobytes()) if array.nbytes <= 256 else None
+        buf = self.add_buffer(array, key)
+        return self.add_tensor(name, array.shape, NUMPY_TO_CIRCLE[array.dtype], buf)
+
+    def add_operator(self, code: int, inputs, outputs, options=None, source: str = "") -> None:
+        self.operators.append(OperatorInfo(code, list(inputs), list(outputs), options, source))
+
+    def weight_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers if b is not None)

@@ -1,0 +1,125 @@
+"""What a lowering function sees: the builder plus helpers to map FX values to tensors.
+
+``ctx.tensor(value)`` gives the Circle tensor for an FX node, a folded constant, or a
+Python scalar (materialised as a constant of the right dtype); ``ctx.output(node)``
+creates the tensor for a node's result; ``ctx.op`` appends an operator.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ..errors import UnsupportedOpError
+from ..fx_utils import dtype_of, static_shape, val
+from ..program import Program, fetch_attr
+from ..source import op_name, source_line
+from .builder import ModelBuilder
+from .types import circle_type, numpy_dtype, to_numpy
+
+
+class LoweringContext:
+    def __init__(self, program: Program, builder: ModelBuilder):
+        self.program = program
+        self.builder = builder
+        self.values: dict[fx.Node, int] = {}
+        self.node: fx.Node | None = None  # node being lowered (for messages)
+
+    # --------------------------------------------------------------- tensors
+    def tensor(self, value, dtype: torch.dtype | None = None) -> int:
+        """Tensor index for an FX node or a Python scalar (``dtype`` picks the scalar's type)."""
+        if isinstance(value, fx.Node):
+            if value in self.values:
+                return self.values[value]
+            if value.op == "get_attr":
+                t = fetch_attr(self.program.gm, value.target)
+                idx = self.const_tensor(t, value.target)
+                self.values[value] = idx
+                return idx
+            raise self.error(f"value %{value.name} is used before it is computed")
+        if isinstance(value, (bool, int, float)):
+            dt = dtype or (torch.bool if isinstance(value, bool) else
+                           torch.int64 if isinstance(value, int) else torch.float32)
+            return self.const(np.array(value, dtype=numpy_dtype(dt)), "scalar")
+        raise self.error(f"cannot use {type(value).__name__} {value!r} as a tensor")
+
+    def const_tensor(self, t: torch.Tensor, name: str) -> int:
+        arr = to_numpy(t, f"constant {name}")
+        key = None
+        if t.is_contiguous() and arr.nbytes > 256:
+            key = ("storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        buf = self.builder.add_buffer(arr, key)
+        return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf)
+
+    def const(self, array, name: str = "const") -> int:
+        return self.builder.add_constant(f"{self._prefix()}{name}", np.asarray(array))
+
+    def int_const(self, values, name: str = "shape") -> int:
+        return self.const(np.asarray(values, dtype=np.int32), name)
+
+    def new_tensor(self, shape, dtype: torch.dtype, name: str = "t") -> int:
+        return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()))
+
+    def output(self, node: fx.Node | None = None) -> int:
+        """The tensor that holds ``node``'s result (created on first use)."""
+        node = node or self.node
+        if node in self.values:
+            return self.values[node]
+        v = val(node)
+        if not isinstance(v, torch.Tensor):
+            raise self.error(f"%{node.name} does not produce a tensor")
+        shape, sig = self.shape_of(node)
+        idx = self.builder.add_tensor(node.name, shape, circle_type(v.dtype, self.where(node)), 0, sig)
+        self.values[node] = idx
+        return idx
+
+    def bind(self, node: fx.Node, index: int) -> None:
+        self.values[node] = index
+
+    def shape_of(self, node) -> tuple[list[int], list[int] | None]:
+        """``(shape, shape_signature)``: symbolic dims become 1 and -1 respectively."""
+        v = val(node)
+        shape, sig, dynamic = [], [], False
+        for d in v.shape:
+            if isinstance(d, int):
+                shape.append(d)
+                sig.append(d)
+            else:
+                try:
+                    hint = int(d.node.hint) if d.node.hint is not None else 1
+                except Exception:
+                    hint = 1
+                shape.append(hint)
+                sig.append(-1)
+                dynamic = True
+        return shape, (sig if dynamic else None)
+
+    def static_shape(self, node) -> list[int]:
+        s = static_shape(node)
+        if s is None:
+            raise self.error(f"%{node.name} has a dynamic shape {list(val(node).shape)}, "
+                             f"which {op_name(self.node.target)} cannot lower yet")
+        return list(s)
+
+    def dtype(self, value) -> torch.dtype:
+        return dtype_of(value)
+
+    # ------------------------------------------------------------- operators
+    def op(self, code: int, inputs, outputs, options=None) -> None:
+        self.builder.add_operator(code, inputs, outputs, options,
+                                  source_line(self.node) if self.node is not None else "")
+
+    def error(self, message: str) -> UnsupportedOpError:
+        n = self.node
+        if n is None:
+            return UnsupportedOpError(message)
+        target = op_name(n.target) if n.op == "call_function" else n.op
+        return UnsupportedOpError(f"{target} (%{n.name}) at {source_line(n)}: {message}",
+                                  [(target, n.name, source_line(n))])
+
+    def where(self, node=None) -> str:
+        n = node or self.node
+        return f"%{n.name} at {source_line(n)}" if n is not None else ""
+
+    def _prefix(self) -> str:
+        return f"{self.node.name}/" if self.node is not None else ""

@@ -1,0 +1,79 @@
+"""Lowering a :class:`Program` to a :class:`ModelBuilder`, op by op, via the registry.
+
+Everything that can be wrong with the graph is checked up front — every op without a
+lowering, every unsupported dtype — and reported together in one error, so nothing is
+emitted (or written) for a graph that cannot be lowered.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..errors import CircleFxError, UnsupportedDtypeError, UnsupportedOpError
+from ..program import Program
+from ..source import op_name, source_line
+from .builder import ModelBuilder
+from .context import LoweringContext
+from .registry import lowering_for
+from .types import TORCH_TO_CIRCLE
+
+
+def check_supported(program: Program) -> None:
+    """Raise one error listing every op without a lowering (and every bad dtype)."""
+    missing: list[tuple[str, str, str]] = []
+    bad_dtypes: list[str] = []
+    for n in program.gm.graph.nodes:
+        if n.op == "call_function" and lowering_for(n.target) is None:
+            missing.append((op_name(n.target), n.name, source_line(n)))
+        if n.op in ("placeholder", "call_function", "get_attr"):
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor) and v.dtype not in TORCH_TO_CIRCLE:
+                bad_dtypes.append(f"  %{n.name}: {v.dtype} at {source_line(n)}")
+    if missing:
+        by_op: dict[str, list] = {}
+        for op, name, src in missing:
+            by_op.setdefault(op, []).append((name, src))
+        lines = [f"{len(by_op)} unsupported op(s), {len(missing)} node(s); nothing was written:"]
+        for op, uses in by_op.items():
+            lines.append(f"  {op}:")
+            lines.extend(f"    %{name} at {src}" for name, src in uses)
+        raise UnsupportedOpError("\n".join(lines), missing)
+    if bad_dtypes:
+        raise UnsupportedDtypeError(
+            "tensors with dtypes Circle cannot hold (cast the model to float32, e.g. model.float()):\n"
+            + "\n".join(bad_dtypes[:20]) + ("\n  ..." if len(bad_dtypes) > 20 else ""))
+
+
+def emit(program: Program) -> ModelBuilder:
+    check_supported(program)
+    mb = ModelBuilder()
+    ctx = LoweringContext(program, mb)
+    graph: fx.Graph = program.gm.graph
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            ctx.node = n
+            idx = ctx.output(n)
+            mb.inputs.append(idx)
+            mb.input_names.append(n.name)
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        ctx.node = n
+        try:
+            lowering_for(n.target)(ctx, n)
+        except CircleFxError:
+            raise
+        except Exception as e:  # a lowering bug: still say which node
+            raise UnsupportedOpError(
+                f"lowering {op_name(n.target)} (%{n.name}) at {source_line(n)} failed: "
+                f"{type(e).__name__}: {e}", [(op_name(n.target), n.name, source_line(n))]) from e
+    ctx.node = None
+    outs = graph.output_node().args[0]
+    for value, name in zip(outs, program.output_names):
+        if value not in ctx.values or value.op != "call_function":
+            raise UnsupportedOpError(
+                f"output {name!r} is a graph input or a constant, not computed by any op; "
+                "Circle outputs must be produced by an operator")
+        mb.outputs.append(ctx.values[value])
+        mb.output_names.append(name)
+    return mb

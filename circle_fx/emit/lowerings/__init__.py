@@ -1,0 +1,2 @@
+"""Built-in lowerings, grouped by kind; importing this package registers them all."""
+from . import attention, elementwise, linear, norm, reduce, shape  # noqa: F401

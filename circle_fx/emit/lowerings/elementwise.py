@@ -1,0 +1,183 @@
+"""Elementwise ops: arithmetic, unary math, comparisons, logical ops, casts, select.
+
+Operands are brought to the op's computation dtype first (Python scalars become
+constants of that dtype, tensors of another dtype get a CAST), mirroring torch's type
+promotion so Circle kernels always see matching input types.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ...fx_utils import arguments
+from ..registry import lowering
+from ..types import circle_type
+from ._common import BO, options
+
+aten = torch.ops.aten
+
+
+def operand(ctx, value, dtype: torch.dtype) -> int:
+    """Tensor for ``value`` in ``dtype`` (casting, or materialising a scalar)."""
+    if not isinstance(value, fx.Node):
+        return ctx.tensor(value, dtype)
+    idx = ctx.tensor(value)
+    if ctx.dtype(value) == dtype:
+        return idx
+    shape, sig = ctx.shape_of(value)
+    out = ctx.builder.add_tensor(f"{ctx.node.name}/{value.name}_cast", shape, circle_type(dtype), 0, sig)
+    ctx.op(BO.CAST, [idx], [out])
+    return out
+
+
+def compute_dtype(node, *values) -> torch.dtype:
+    """torch's result type for ``values`` (what an arithmetic op computes in)."""
+    import torch._prims_common as pc
+
+    vals = [v.meta["val"] if isinstance(v, fx.Node) else v for v in values]
+    return pc.elementwise_dtypes(*vals, type_promotion_kind=pc.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
+
+
+_BINARY = {
+    aten.add.Tensor: (BO.ADD, "AddOptions"), aten.add.Scalar: (BO.ADD, "AddOptions"),
+    aten.sub.Tensor: (BO.SUB, "SubOptions"), aten.sub.Scalar: (BO.SUB, "SubOptions"),
+    aten.mul.Tensor: (BO.MUL, "MulOptions"), aten.mul.Scalar: (BO.MUL, "MulOptions"),
+    aten.div.Tensor: (BO.DIV, "DivOptions"), aten.div.Scalar: (BO.DIV, "DivOptions"),
+    aten.maximum.default: (BO.MAXIMUM, None), aten.minimum.default: (BO.MINIMUM, None),
+    aten.pow.Tensor_Tensor: (BO.POW, None),
+}
+
+
+@lowering(*_BINARY)
+def binary(ctx, node):
+    code, opt = _BINARY[node.target]
+    args = arguments(node)
+    a, b = args[0], args[1]
+    alpha = args[2] if node.target in (aten.add.Tensor, aten.sub.Tensor, aten.add.Scalar, aten.sub.Scalar) else 1
+    dt = ctx.dtype(node)
+    if node.target in (aten.div.Tensor, aten.div.Scalar):
+        mode = node.kwargs.get("rounding_mode")
+        if mode is not None:
+            raise ctx.error(f"div with rounding_mode={mode!r} is not supported")
+    ta, tb = operand(ctx, a, dt), operand(ctx, b, dt)
+    if alpha != 1:
+        scaled = ctx.new_tensor(ctx.shape_of(b)[0] if isinstance(b, fx.Node) else [], dt, "alpha")
+        ctx.op(BO.MUL, [tb, ctx.tensor(alpha, dt)], [scaled], options("MulOptions"))
+        tb = scaled
+    ctx.op(code, [ta, tb], [ctx.output(node)], options(opt) if opt else None)
+
+
+@lowering(aten.rsub.Scalar, aten.rsub.Tensor)
+def rsub(ctx, node):
+    args = arguments(node)
+    a, b, alpha = args[0], args[1], args[2]
+    if alpha != 1:
+        raise ctx.error("rsub with alpha != 1 is not supported")
+    dt = ctx.dtype(node)
+    ctx.op(BO.SUB, [operand(ctx, b, dt), operand(ctx, a, dt)], [ctx.output(node)], options("SubOptions"))
+
+
+_UNARY = {
+    aten.neg.default: BO.NEG, aten.exp.default: BO.EXP, aten.log.default: BO.LOG,
+    aten.sqrt.default: BO.SQRT, aten.rsqrt.default: BO.RSQRT, aten.sin.default: BO.SIN,
+    aten.cos.default: BO.COS, aten.tanh.default: BO.TANH, aten.abs.default: BO.ABS,
+    aten.sigmoid.default: BO.LOGISTIC, aten.relu.default: BO.RELU, aten.square.default: BO.SQUARE,
+    aten.logical_not.default: BO.LOGICAL_NOT,
+}
+
+
+@lowering(*_UNARY)
+def unary(ctx, node):
+    x = node.args[0]
+    dt = ctx.dtype(node)
+    ctx.op(_UNARY[node.target], [operand(ctx, x, dt)], [ctx.output(node)])
+
+
+@lowering(aten.silu.default)
+def silu(ctx, node):
+    x = ctx.tensor(node.args[0])
+    sig = ctx.new_tensor(ctx.shape_of(node)[0], ctx.dtype(node), "sigmoid")
+    ctx.op(BO.LOGISTIC, [x], [sig])
+    ctx.op(BO.MUL, [x, sig], [ctx.output(node)], options("MulOptions"))
+
+
+@lowering(aten.gelu.default)
+def gelu(ctx, node):
+    approximate = arguments(node)[1]
+    ctx.op(BO.GELU, [ctx.tensor(node.args[0])], [ctx.output(node)],
+           options("GeluOptions", approximate=(approximate == "tanh")))
+
+
+@lowering(aten.reciprocal.default)
+def reciprocal(ctx, node):
+    dt = ctx.dtype(node)
+    ctx.op(BO.DIV, [ctx.tensor(1.0, dt), operand(ctx, node.args[0], dt)], [ctx.output(node)], options("DivOptions"))
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def pow_scalar(ctx, node):
+    x, e = node.args[0], node.args[1]
+    dt = ctx.dtype(node)
+    tx = operand(ctx, x, dt)
+    if e == 2:
+        ctx.op(BO.MUL, [tx, tx], [ctx.output(node)], options("MulOptions"))
+    elif e == 0.5:
+        ctx.op(BO.SQRT, [tx], [ctx.output(node)])
+    elif e == -0.5:
+        ctx.op(BO.RSQRT, [tx], [ctx.output(node)])
+    else:
+        ctx.op(BO.POW, [tx, ctx.tensor(e, dt)], [ctx.output(node)])
+
+
+_COMPARE = {
+    aten.lt.Tensor: BO.LESS, aten.lt.Scalar: BO.LESS, aten.le.Tensor: BO.LESS_EQUAL,
+    aten.le.Scalar: BO.LESS_EQUAL, aten.gt.Tensor: BO.GREATER, aten.gt.Scalar: BO.GREATER,
+    aten.ge.Tensor: BO.GREATER_EQUAL, aten.ge.Scalar: BO.GREATER_EQUAL,
+    aten.eq.Tensor: BO.EQUAL, aten.eq.Scalar: BO.EQUAL, aten.ne.Tensor: BO.NOT_EQUAL,
+    aten.ne.Scalar: BO.NOT_EQUAL,
+}
+
+
+@lowering(*_COMPARE)
+def compare(ctx, node):
+    a, b = node.args[0], node.args[1]
+    dt = compute_dtype(node, a, b)
+    ctx.op(_COMPARE[node.target], [operand(ctx, a, dt), operand(ctx, b, dt)], [ctx.output(node)])
+
+
+_LOGICAL = {
+    aten.logical_and.default: BO.LOGICAL_AND, aten.logical_or.default: BO.LOGICAL_OR,
+    aten.bitwise_and.Tensor: BO.LOGICAL_AND, aten.bitwise_or.Tensor: BO.LOGICAL_OR,
+    aten.__and__.Tensor: BO.LOGICAL_AND, aten.__or__.Tensor: BO.LOGICAL_OR,
+}
+
+
+@lowering(*_LOGICAL)
+def logical(ctx, node):
+    if ctx.dtype(node) != torch.bool:
+        raise ctx.error(f"bitwise ops are only supported on bool tensors, got {ctx.dtype(node)}")
+    a, b = node.args[0], node.args[1]
+    ctx.op(_LOGICAL[node.target], [operand(ctx, a, torch.bool), operand(ctx, b, torch.bool)], [ctx.output(node)])
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(ctx, node):
+    cond, a, b = node.args[0], node.args[1], node.args[2]
+    dt = ctx.dtype(node)
+    ctx.op(BO.SELECT_V2, [operand(ctx, cond, torch.bool), operand(ctx, a, dt), operand(ctx, b, dt)],
+           [ctx.output(node)])
+
+
+@lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default)
+def cast(ctx, node):
+    x = node.args[0]
+    if ctx.dtype(x) == ctx.dtype(node):
+        ctx.op(BO.RESHAPE, [ctx.tensor(x), ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])
+        return
+    ctx.op(BO.CAST, [ctx.tensor(x)], [ctx.output(node)])
+
+
+@lowering(aten.alias.default, aten.clone.default, aten.contiguous.default, aten.detach.default,
+          aten.lift_fresh_copy.default)
+def identity(ctx, node):
+    ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])

@@ -1,0 +1,71 @@
+"""Matrix products: ``linear`` -> FULLY_CONNECTED, ``matmul``/``bmm`` -> BATCH_MATMUL,
+``embedding`` -> GATHER.
+
+FULLY_CONNECTED takes torch's ``[out, in]`` weight as is, so weights need no transpose
+at compile time or run time. onert's FULLY_CONNECTED returns ``[rows, out]`` whatever
+``keep_num_dims`` says and needs a bias slot (-1 when absent), so N-D inputs get a
+RESHAPE after it. Weights that are not constants go through BATCH_MATMUL instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...fx_utils import arguments
+from ..registry import lowering
+from ._common import BO, options
+
+aten = torch.ops.aten
+
+
+@lowering(aten.linear.default)
+def linear(ctx, node):
+    x, w, b = (arguments(node) + [None])[:3]
+    out_shape = ctx.static_shape(node)
+    if w.op != "get_attr":
+        _linear_runtime_weight(ctx, node, x, w, b)
+        return
+    rows = 1
+    for d in out_shape[:-1]:
+        rows *= d
+    bias = ctx.tensor(b) if b is not None else -1
+    if len(out_shape) == 2:
+        fc_out = ctx.output(node)
+    else:
+        fc_out = ctx.new_tensor([rows, out_shape[-1]], ctx.dtype(node), "fc")
+    ctx.op(BO.FULLY_CONNECTED, [ctx.tensor(x), ctx.tensor(w), bias], [fc_out],
+           options("FullyConnectedOptions", keepNumDims=False))
+    if len(out_shape) != 2:
+        ctx.op(BO.RESHAPE, [fc_out, ctx.int_const(out_shape)], [ctx.output(node)])
+
+
+def _linear_runtime_weight(ctx, node, x, w, b):
+    wshape = ctx.static_shape(w)
+    wt = ctx.new_tensor([wshape[1], wshape[0]], ctx.dtype(w), "wT")
+    ctx.op(BO.TRANSPOSE, [ctx.tensor(w), ctx.int_const([1, 0], "perm")], [wt])
+    out = ctx.output(node) if b is None else ctx.new_tensor(ctx.static_shape(node), ctx.dtype(node), "mm")
+    ctx.op(BO.BATCH_MATMUL, [ctx.tensor(x), wt], [out], options("BatchMatMulOptions"))
+    if b is not None:
+        ctx.op(BO.ADD, [out, ctx.tensor(b)], [ctx.output(node)], options("AddOptions"))
+
+
+@lowering(aten.matmul.default, aten.bmm.default, aten.mm.default)
+def matmul(ctx, node):
+    a, b = node.args[0], node.args[1]
+    if len(ctx.static_shape(a)) < 2 or len(ctx.static_shape(b)) < 2:
+        raise ctx.error("matmul with a 1-D operand is not supported")
+    ctx.op(BO.BATCH_MATMUL, [ctx.tensor(a), ctx.tensor(b)], [ctx.output(node)], options("BatchMatMulOptions"))
+
+
+@lowering(aten.embedding.default)
+def embedding(ctx, node):
+    weight, indices = node.args[0], node.args[1]
+    ctx.op(BO.GATHER, [ctx.tensor(weight), ctx.tensor(indices)], [ctx.output(node)],
+           options("GatherOptions", axis=0, batchDims=0))
+
+
+@lowering(aten.index_select.default)
+def index_select(ctx, node):
+    x, dim, index = node.args
+    dim = dim % len(ctx.static_shape(x))
+    ctx.op(BO.GATHER, [ctx.tensor(x), ctx.tensor(index)], [ctx.output(node)],
+           options("GatherOptions", axis=dim, batchDims=0))

@@ -1,0 +1,137 @@
+"""Shape and layout ops: reshape family -> RESHAPE, transpose/permute -> TRANSPOSE,
+expand -> BROADCAST_TO, slice/select -> STRIDED_SLICE, cat -> CONCATENATION.
+
+Shape operands are int32 constants: onert rejects int64 shape/perm/begin tensors.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ...fx_utils import arguments
+from ..registry import lowering
+from ..types import circle_type
+from ._common import BO, options
+
+aten = torch.ops.aten
+INT32_MAX = 2**31 - 1
+
+
+@lowering(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
+          aten.unflatten.int)
+def reshape(ctx, node):
+    ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])
+
+
+def _transpose(ctx, node, perm):
+    ctx.op(BO.TRANSPOSE, [ctx.tensor(node.args[0]), ctx.int_const(perm, "perm")], [ctx.output(node)])
+
+
+@lowering(aten.transpose.int)
+def transpose(ctx, node):
+    rank = len(ctx.static_shape(node.args[0]))
+    a, b = node.args[1] % rank, node.args[2] % rank
+    perm = list(range(rank))
+    perm[a], perm[b] = perm[b], perm[a]
+    _transpose(ctx, node, perm)
+
+
+@lowering(aten.permute.default)
+def permute(ctx, node):
+    rank = len(ctx.static_shape(node.args[0]))
+    _transpose(ctx, node, [d % rank for d in node.args[1]])
+
+
+@lowering(aten.t.default, aten.numpy_T.default)
+def t(ctx, node):
+    rank = len(ctx.static_shape(node.args[0]))
+    _transpose(ctx, node, list(reversed(range(rank))))
+
+
+@lowering(aten.expand.default, aten.expand_as.default, aten.broadcast_to.default)
+def expand(ctx, node):
+    src, out = ctx.static_shape(node.args[0]), ctx.static_shape(node)
+    x = ctx.tensor(node.args[0])
+    if src == out:
+        ctx.op(BO.RESHAPE, [x, ctx.int_const(out)], [ctx.output(node)])
+        return
+    if len(src) < len(out):  # leading new dims: make ranks equal first
+        padded = [1] * (len(out) - len(src)) + src
+        r = ctx.new_tensor(padded, ctx.dtype(node), "rank")
+        ctx.op(BO.RESHAPE, [x, ctx.int_const(padded)], [r])
+        x = r
+    ctx.op(BO.BROADCAST_TO, [x, ctx.int_const(out)], [ctx.output(node)])
+
+
+@lowering(aten.slice.Tensor)
+def slice_(ctx, node):
+    x, dim, start, end, step = arguments(node)
+    shape = ctx.static_shape(x)
+    rank = len(shape)
+    dim %= rank
+    size = shape[dim]
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = max(0, min(size, start + size if start < 0 else start))
+    end = max(start, min(size, end + size if end < 0 else end))
+    begin = [0] * rank
+    ends = list(shape)
+    strides = [1] * rank
+    begin[dim], ends[dim], strides[dim] = start, end, step
+    ctx.op(BO.STRIDED_SLICE, [ctx.tensor(x), ctx.int_const(begin, "begin"), ctx.int_const(ends, "end"),
+                              ctx.int_const(strides, "strides")], [ctx.output(node)],
+           options("StridedSliceOptions"))
+
+
+@lowering(aten.select.int)
+def select(ctx, node):
+    x, dim, index = node.args
+    shape = ctx.static_shape(x)
+    rank = len(shape)
+    dim %= rank
+    index = index + shape[dim] if index < 0 else index
+    begin, ends, strides = [0] * rank, list(shape), [1] * rank
+    begin[dim], ends[dim] = index, index + 1
+    ctx.op(BO.STRIDED_SLICE, [ctx.tensor(x), ctx.int_const(begin, "begin"), ctx.int_const(ends, "end"),
+                              ctx.int_const(strides, "strides")], [ctx.output(node)],
+           options("StridedSliceOptions", shrinkAxisMask=1 << dim))
+
+
+@lowering(aten.cat.default, aten.concat.default)
+def cat(ctx, node):
+    tensors = [t for t in node.args[0] if ctx.static_shape(t) and 0 not in ctx.static_shape(t)]
+    dim = arguments(node)[1]
+    rank = len(ctx.static_shape(node))
+    ctx.op(BO.CONCATENATION, [ctx.tensor(t) for t in tensors], [ctx.output(node)],
+           options("ConcatenationOptions", axis=dim % rank))
+
+
+@lowering(operator.getitem)
+def getitem(ctx, node):
+    src, i = node.args
+    ctx.bind(node, ctx.values[src][i])
+
+
+def _multi_output(ctx, node):
+    """Create one tensor per element of a tuple-valued node (consumed via getitem)."""
+    outs = []
+    for i, v in enumerate(node.meta["val"]):
+        outs.append(ctx.builder.add_tensor(f"{node.name}_{i}", list(v.shape),
+                                           circle_type(v.dtype)))
+    ctx.values[node] = outs
+    return outs
+
+
+@lowering(aten.split_with_sizes.default, aten.split.Tensor)
+def split(ctx, node):
+    x, sizes, dim = (arguments(node) + [0])[:3]
+    shape = ctx.static_shape(x)
+    dim %= len(shape)
+    if isinstance(sizes, int):
+        n = shape[dim]
+        sizes = [min(sizes, n - i) for i in range(0, n, sizes)]
+    outs = _multi_output(ctx, node)
+    ctx.op(BO.SPLIT_V, [ctx.tensor(x), ctx.int_const(sizes, "sizes"), ctx.int_const(dim, "axis")], outs,
+           options("SplitVOptions", numSplits=len(sizes)))

@@ -1,0 +1,54 @@
+"""dtype mapping between torch, numpy and Circle's ``TensorType``."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from circle_schema import circle
+
+from ..errors import UnsupportedDtypeError
+
+TT = circle.TensorType.TensorType
+
+TORCH_TO_CIRCLE = {
+    torch.float32: TT.FLOAT32,
+    torch.float16: TT.FLOAT16,
+    torch.int64: TT.INT64,
+    torch.int32: TT.INT32,
+    torch.int16: TT.INT16,
+    torch.int8: TT.INT8,
+    torch.uint8: TT.UINT8,
+    torch.bool: TT.BOOL,
+}
+TORCH_TO_NUMPY = {
+    torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64,
+    torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+    torch.uint8: np.uint8, torch.bool: np.bool_,
+}
+NUMPY_TO_CIRCLE = {np.dtype(v): TORCH_TO_CIRCLE[k] for k, v in TORCH_TO_NUMPY.items()}
+CIRCLE_TO_NUMPY = {v: np.dtype(TORCH_TO_NUMPY[k]) for k, v in TORCH_TO_CIRCLE.items()}
+
+
+def circle_type(dtype, where: str = "") -> int:
+    if isinstance(dtype, torch.dtype):
+        if dtype in TORCH_TO_CIRCLE:
+            return TORCH_TO_CIRCLE[dtype]
+    else:
+        dt = np.dtype(dtype)
+        if dt in NUMPY_TO_CIRCLE:
+            return NUMPY_TO_CIRCLE[dt]
+    hint = " (cast the model to float32 first, e.g. model.float())" if dtype in (torch.bfloat16, torch.float64) else ""
+    raise UnsupportedDtypeError(f"dtype {dtype} has no Circle tensor type{hint}" + (f": {where}" if where else ""))
+
+
+def numpy_dtype(dtype: torch.dtype, where: str = ""):
+    circle_type(dtype, where)
+    return TORCH_TO_NUMPY[dtype]
+
+
+def to_numpy(t: torch.Tensor, where: str = "") -> np.ndarray:
+    """A numpy view of a CPU tensor (no copy when it is contiguous)."""
+    circle_type(t.dtype, where)
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.numpy()

@@ -1,0 +1,235 @@
+"""Serialising a :class:`ModelBuilder` into Circle bytes, with weights streamed.
+
+Two layouts:
+
+- *inline* (default below 2 GB): each buffer's bytes go into the flatbuffer, copied once
+  straight from the numpy view into the builder's byte array (no ``tobytes``, no Python
+  lists), 16-byte aligned so the runtime can map them as float arrays;
+- *external* (automatic above the 2 GB flatbuffer limit, or on request): the flatbuffer
+  holds only ``Buffer.offset``/``Buffer.size``; the data follows the flatbuffer in the
+  same file, each buffer aligned, and is written directly from the numpy arrays.
+
+Either way a :class:`Serialized` describes the file without materialising it, so
+``save`` streams and only ``to_bytes`` builds one big ``bytes`` object.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import flatbuffers
+import numpy as np
+from circle_schema import circle
+
+from .builder import BOPT, BOPT2, ModelBuilder, op_name
+
+FLATBUFFER_LIMIT = 2**31 - 1
+#: headroom kept below the 2 GB limit for tables and strings when choosing the layout
+_INLINE_BUDGET = FLATBUFFER_LIMIT - (64 << 20)
+ALIGN = 64
+FILE_IDENTIFIER = b"CIR0"
+
+
+@dataclass
+class Serialized:
+    """A Circle file: the flatbuffer, then (external layout) aligned weight segments."""
+
+    head: memoryview
+    segments: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        if not self.segments:
+            return len(self.head)
+        off, arr = self.segments[-1]
+        return off + arr.nbytes
+
+    @property
+    def external(self) -> bool:
+        return bool(self.segments)
+
+    def write_to(self, f) -> None:
+        f.write(self.head)
+        pos = len(self.head)
+        for off, arr in self.segments:
+            if off > pos:
+                f.write(b"\0" * (off - pos))
+            f.write(_bytes_view(arr))
+            pos = off + arr.nbytes
+
+    def to_bytes(self) -> bytes:
+        if not self.segments:
+            return bytes(self.head)
+        out = bytearray(self.size)
+        out[: len(self.head)] = self.head
+        for off, arr in self.segments:
+            out[off: off + arr.nbytes] = _bytes_view(arr)
+        return bytes(out)
+
+
+def _bytes_view(arr: np.ndarray) -> memoryview:
+    arr = np.ascontiguousarray(arr)
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+class _Prebuilt:
+    """Stands in for a ``BufferT`` whose table was already written to the builder."""
+
+    def __init__(self, offset: int):
+        self.offset = offset
+
+    def Pack(self, builder) -> int:  # noqa: N802 - flatbuffers' object API name
+        return self.offset
+
+
+def serialize(mb: ModelBuilder, external: bool | None = None, description: str = "circle_fx") -> Serialized:
+    weights = mb.weight_bytes()
+    if external is None:
+        external = weights > _INLINE_BUDGET
+    if not external:
+        return Serialized(_pack(mb, description, offsets=None, reserve=weights))
+    consts = [(i, b) for i, b in enumerate(mb.buffers) if b is not None]
+    placeholder = {i: 1 for i, _ in consts}  # non-zero so the fields are present
+    head_len = len(_pack(mb, description, offsets=placeholder, reserve=0))
+    offsets, pos = {}, head_len
+    for i, arr in consts:
+        pos = (pos + ALIGN - 1) // ALIGN * ALIGN
+        offsets[i] = pos
+        pos += arr.nbytes
+    head = _pack(mb, description, offsets=offsets, reserve=0)
+    assert len(head) == head_len, "flatbuffer size changed between layout passes"
+    return Serialized(head, [(offsets[i], arr) for i, arr in consts])
+
+
+def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int) -> memoryview:
+    C = circle
+    b = flatbuffers.Builder(max(1024, reserve + (1 << 16)))
+    buffer_tables = []
+    for i, arr in enumerate(mb.buffers):
+        if arr is None:
+            C.Buffer.BufferStart(b)
+            buffer_tables.append(_Prebuilt(C.Buffer.BufferEnd(b)))
+            continue
+        if offsets is None:
+            data = _vector(b, arr)
+            C.Buffer.BufferStart(b)
+            C.Buffer.BufferAddData(b, data)
+        else:
+            C.Buffer.BufferStart(b)
+            C.Buffer.BufferAddOffset(b, offsets[i])
+            C.Buffer.BufferAddSize(b, arr.nbytes)
+        buffer_tables.append(_Prebuilt(C.Buffer.BufferEnd(b)))
+
+    codes, code_index = [], {}
+    operators = []
+    for op in mb.operators:
+        if op.code not in code_index:
+            oc = C.OperatorCode.OperatorCodeT()
+            oc.builtinCode = op.code
+            oc.deprecatedBuiltinCode = op.code if op.code < 127 else 127
+            oc.version = 1
+            code_index[op.code] = len(codes)
+            codes.append(oc)
+        o = C.Operator.OperatorT()
+        o.opcodeIndex = code_index[op.code]
+        o.inputs = op.inputs
+        o.outputs = op.outputs
+        if op.options is None:
+            op.options = default_options(op.code)
+        if op.options is not None:
+            kind = type(op.options).__name__[:-1]  # AddOptionsT -> AddOptions
+            if hasattr(BOPT, kind):
+                o.builtinOptionsType = getattr(BOPT, kind)
+                o.builtinOptions = op.options
+            else:
+                o.builtinOptions2Type = getattr(BOPT2, kind)
+                o.builtinOptions2 = op.options
+        operators.append(o)
+
+    tensors = []
+    for t in mb.tensors:
+        tt = C.Tensor.TensorT()
+        tt.name = t.name
+        tt.shape = t.shape
+        tt.type = t.type
+        tt.buffer = t.buffer
+        if t.shape_signature is not None:
+            tt.shapeSignature = t.shape_signature
+        tensors.append(tt)
+
+    sg = C.SubGraph.SubGraphT()
+    sg.tensors, sg.inputs, sg.outputs, sg.operators = tensors, mb.inputs, mb.outputs, operators
+    sg.name = "main"
+
+    sig = C.SignatureDef.SignatureDefT()
+    sig.signatureKey = "serving_default"
+    sig.subgraphIndex = 0
+    sig.inputs = [_tensor_map(n, i) for n, i in zip(mb.input_names, mb.inputs)]
+    sig.outputs = [_tensor_map(n, i) for n, i in zip(mb.output_names, mb.outputs)]
+
+    m = C.Model.ModelT()
+    m.version = 0
+    m.description = description
+    m.operatorCodes = codes
+    m.subgraphs = [sg]
+    m.buffers = buffer_tables
+    m.signatureDefs = [sig]
+    b.Finish(m.Pack(b), file_identifier=FILE_IDENTIFIER)
+    return memoryview(b.Bytes)[b.Head():]
+
+
+_OPTION_ALIASES = {"MEAN": "ReducerOptions", "SUM": "ReducerOptions", "REDUCE_MAX": "ReducerOptions",
+                   "REDUCE_MIN": "ReducerOptions", "REDUCE_PROD": "ReducerOptions",
+                   "MAXIMUM": "MaximumMinimumOptions", "MINIMUM": "MaximumMinimumOptions",
+                   "SELECT_V2": "SelectV2Options", "SPLIT_V": "SplitVOptions",
+                   "LOG_SOFTMAX": "LogSoftmaxOptions", "RMS_NORM": "RmsNormOptions",
+                   "BATCH_MATMUL": "BatchMatMulOptions"}
+#: ops that onert runs (or requires) without an options table
+_NO_OPTIONS = {"RESHAPE", "CAST"}
+_DEFAULTS: dict[int, type | None] = {}
+
+
+def default_options(code: int):
+    """An options table with default values for ``code``, or None if the op has none.
+
+    onert crashes on operators whose options table is missing (an ADD without
+    ``AddOptions`` segfaults), so every op that has a table gets one.
+    """
+    if code not in _DEFAULTS:
+        name = op_name(code)
+        cls_name = _OPTION_ALIASES.get(name) or "".join(p.capitalize() for p in name.split("_")) + "Options"
+        mod = getattr(circle, cls_name, None)
+        _DEFAULTS[code] = None if name in _NO_OPTIONS or mod is None else getattr(mod, cls_name + "T", None)
+    cls = _DEFAULTS[code]
+    return cls() if cls is not None else None
+
+
+def _tensor_map(name: str, index: int):
+    tm = circle.TensorMap.TensorMapT()
+    tm.name = name
+    tm.tensorIndex = index
+    return tm
+
+
+def _vector(b: flatbuffers.Builder, arr: np.ndarray) -> int:
+    """Write ``arr``'s bytes as a ubyte vector, 16-byte aligned, with a single copy."""
+    view = _bytes_view(arr)
+    n = len(view)
+    b.StartVector(1, n, 16)
+    b.head = b.head - n
+    b.Bytes[b.head: b.head + n] = view
+    return b.EndVector()
+
+
+def write_atomic(path: str | os.PathLike, data: Serialized) -> None:
+    """Write to ``path.tmp-PID`` then rename, so a crash never leaves half a model."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            data.write_to(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

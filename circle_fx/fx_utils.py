@@ -1,0 +1,160 @@
+"""Small FX helpers shared by passes, the matcher and the emitter.
+
+- :func:`arguments` gives an op's arguments in schema order with defaults filled, so
+  code never has to care whether ``keepdim`` came positionally or as a keyword.
+- :func:`make_node` inserts a node and computes its ``meta["val"]`` by running the op on
+  fake tensors, so shapes and dtypes stay known after every rewrite.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.fx.node import map_arg
+
+aten = torch.ops.aten
+
+#: Ops that only reinterpret or re-tag a value; matched through and removed when no-ops.
+CAST_OPS = {
+    aten.to.dtype,
+    aten.to.dtype_layout,
+    aten._to_copy.default,
+    aten.type_as.default,
+    aten.to.device,
+}
+IDENTITY_OPS = {aten.alias.default, aten.clone.default, aten.contiguous.default,
+                aten.detach.default, aten.lift_fresh_copy.default, aten.dropout.default}
+SIDE_EFFECT_ONLY = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+                    aten.sym_constrain_range_for_size.default}
+
+
+def val(node: Any):
+    """The fake tensor (or python value) a node produces; literals pass through."""
+    if isinstance(node, fx.Node):
+        return node.meta.get("val")
+    return node
+
+
+def dtype_of(node: Any):
+    v = val(node)
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def shape_of(node: Any) -> tuple | None:
+    v = val(node)
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+def static_shape(node: Any) -> tuple[int, ...] | None:
+    """Shape as plain ints, or ``None`` when any dim is symbolic."""
+    s = shape_of(node)
+    if s is None:
+        return None
+    try:
+        return tuple(int(d) for d in s) if all(isinstance(d, int) for d in s) else None
+    except TypeError:
+        return None
+
+
+def arguments(node: fx.Node) -> list:
+    """All schema arguments of a call_function node, positionally, defaults filled."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return list(node.args) + list(node.kwargs.values())
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            out.append(node.args[i])
+        elif arg.name in node.kwargs:
+            out.append(node.kwargs[arg.name])
+        elif arg.has_default_value():
+            out.append(arg.default_value)
+        else:
+            out.append(None)
+    return out
+
+
+def cast_target_dtype(node: fx.Node):
+    """Destination dtype of a cast node (``to``/``_to_copy``/``type_as``)."""
+    if node.target is aten.type_as.default:
+        return dtype_of(node.args[1])
+    v = val(node)
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def is_noop(node: fx.Node) -> bool:
+    """True for casts to the same dtype, aliases, clones: values equal to their input."""
+    if node.op != "call_function":
+        return False
+    if node.target in IDENTITY_OPS:
+        if node.target is aten.dropout.default:
+            return not arguments(node)[2]  # dropout with train=False is the identity
+        return True
+    if node.target in CAST_OPS:
+        src = node.args[0]
+        return isinstance(src, fx.Node) and dtype_of(src) == dtype_of(node) and dtype_of(node) is not None
+    return False
+
+
+def look_through(value: Any) -> Any:
+    """Follow no-op nodes back to the value they pass on."""
+    while isinstance(value, fx.Node) and is_noop(value):
+        value = value.args[0]
+    return value
+
+
+def fake_mode_of(graph: fx.Graph):
+    vals = [n.meta.get("val") for n in graph.nodes if n.op in ("placeholder", "call_function")]
+    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+
+
+def infer_val(graph: fx.Graph, target, args: tuple, kwargs: dict):
+    """Run ``target`` on the fake values of its inputs to get the output's fake value."""
+    mode = fake_mode_of(graph)
+
+    def to_fake(n):
+        v = n.meta.get("val")
+        if mode is not None and isinstance(v, torch.Tensor) and not isinstance(v, torch._subclasses.FakeTensor):
+            v = mode.from_tensor(v)
+        return v
+
+    fargs = map_arg(args, to_fake)
+    fkwargs = map_arg(kwargs, to_fake)
+    if mode is None:
+        return target(*fargs, **fkwargs)
+    with mode:
+        return target(*fargs, **fkwargs)
+
+
+def make_node(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None,
+              like: fx.Node | None = None) -> fx.Node:
+    """Insert ``target(*args)`` at the graph's insertion point with its meta computed.
+
+    ``like`` lends its stack trace, so errors and reports on the new node still point at
+    the user's source line.
+    """
+    kwargs = kwargs or {}
+    node = graph.call_function(target, args, kwargs)
+    node.meta["val"] = infer_val(graph, target, args, kwargs)
+    if like is not None:
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in like.meta:
+                node.meta[key] = like.meta[key]
+    return node
+
+
+def erase_unused(graph: fx.Graph, nodes) -> None:
+    """Erase those of ``nodes`` (a small set, any order) left without users."""
+    pending = [n for n in dict.fromkeys(nodes)
+               if n.op not in ("placeholder", "output") and not getattr(n, "_erased", False)]
+    progress = True
+    while progress and pending:
+        progress = False
+        for n in list(pending):
+            if not n.users:
+                graph.erase_node(n)
+                pending.remove(n)
+                progress = True

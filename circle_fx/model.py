@@ -1,0 +1,112 @@
+""":class:`CircleModel`: the result of an export — bytes, a runner, and a report."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .emit.builder import ModelBuilder, op_name
+from .emit.writer import Serialized, write_atomic
+from .errors import InputError
+
+
+@dataclass
+class ExportReport:
+    timings: dict[str, float] = field(default_factory=dict)
+    fusions: list = field(default_factory=list)
+    pass_timings: dict[str, float] = field(default_factory=dict)
+
+
+class CircleModel:
+    """An emitted Circle model.
+
+    ``save(path)`` writes it atomically; ``to_bytes()`` returns the file content;
+    ``run(*inputs)`` executes it in onert; ``summary()`` describes it.
+    """
+
+    def __init__(self, builder: ModelBuilder, serialized: Serialized, report: ExportReport, program=None):
+        self.builder = builder
+        self.serialized = serialized
+        self.report = report
+        self.program = program
+        self._session = None
+        self._session_path: str | None = None
+
+    # ---------------------------------------------------------------- output
+    def save(self, path: str | os.PathLike) -> str:
+        """Write the model to ``path`` via a temp file and rename (never half-written)."""
+        path = os.fspath(path)
+        if not path.endswith(".circle"):
+            import warnings
+
+            warnings.warn(f"{path}: onert only loads files named *.circle", stacklevel=2)
+        write_atomic(path, self.serialized)
+        return path
+
+    def to_bytes(self) -> bytes:
+        return self.serialized.to_bytes()
+
+    @property
+    def size(self) -> int:
+        return self.serialized.size
+
+    # ------------------------------------------------------------------- run
+    def run(self, *inputs) -> list[np.ndarray]:
+        """Execute in onert; inputs are tensors or arrays, in the model's input order."""
+        from .runtime import OnertSession, temp_circle_path
+
+        if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
+            inputs = tuple(inputs[0])
+        if len(inputs) != len(self.builder.inputs):
+            raise InputError(f"model takes {len(self.builder.inputs)} input(s) "
+                             f"{self.builder.input_names}, got {len(inputs)}")
+        arrays = [x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in inputs]
+        if self._session is None:
+            path = temp_circle_path()
+            write_atomic(path, self.serialized)
+            self._session_path = path
+            self._session = OnertSession(path)
+        return self._session.run(arrays)
+
+    def __del__(self):
+        path = getattr(self, "_session_path", None)
+        if path and os.path.exists(path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    # --------------------------------------------------------------- reports
+    def op_histogram(self) -> Counter:
+        return Counter(op_name(op.code) for op in self.builder.operators)
+
+    def summary(self) -> str:
+        b = self.builder
+        lines = ["circle_fx model summary", "=" * 23]
+        lines.append(f"inputs : " + ", ".join(f"{n}{list(b.tensors[i].shape)}" for n, i in zip(b.input_names, b.inputs)))
+        lines.append(f"outputs: " + ", ".join(f"{n}{list(b.tensors[i].shape)}" for n, i in zip(b.output_names, b.outputs)))
+        lines.append(f"operators: {len(b.operators)}   tensors: {len(b.tensors)}   "
+                     f"buffers: {sum(1 for x in b.buffers if x is not None)}   "
+                     f"weight bytes: {b.weight_bytes():,}   file bytes: {self.size:,}"
+                     + ("  (external weights)" if self.serialized.external else ""))
+        lines.append("")
+        lines.append("op histogram:")
+        for name, count in self.op_histogram().most_common():
+            lines.append(f"  {name:<20} {count}")
+        lines.append("")
+        fusions = self.report.fusions
+        lines.append(f"fusions applied: {len(fusions)}")
+        by_source = Counter((f.kind, "+".join(f.rules), f.source) for f in fusions)
+        for (kind, rules, source), count in by_source.items():
+            lines.append(f"  {kind} x{count} [{rules}] from {source}")
+        if self.report.timings:
+            lines.append("")
+            lines.append("timings: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.report.timings.items()))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<CircleModel {len(self.builder.operators)} ops, {self.size:,} bytes, "
+                f"{len(self.report.fusions)} fusions>")

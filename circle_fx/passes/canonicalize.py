@@ -1,0 +1,140 @@
+"""Canonicalization: rewrite equivalent spellings into one form so patterns stay few.
+
+One forward sweep; each rule looks at a node whose inputs are already canonical, so
+chains (``mul(reciprocal(sqrt(v)), 1)``) collapse in the same sweep. O(nodes).
+
+Every rule is an exact algebraic identity on floating tensors (``x*x == x**2``,
+``1/sqrt(v) == rsqrt(v)`` up to rounding, ``sum(x)/N == mean(x)``); dtypes and shapes
+are checked to be unchanged before a node is replaced.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.fx as fx
+
+from ..fx_utils import SIDE_EFFECT_ONLY, arguments, dtype_of, is_noop, look_through, make_node, shape_of, static_shape
+from .base import Pass
+
+aten = torch.ops.aten
+Rule = Callable[[fx.Node, fx.Graph], Optional[fx.Node]]
+
+
+def _is_float(n) -> bool:
+    dt = dtype_of(n)
+    return dt is not None and dt.is_floating_point
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def square_to_pow(n, g):
+    if n.target is aten.square.default and _is_float(n.args[0]):
+        return make_node(g, aten.pow.Tensor_Scalar, (n.args[0], 2), like=n)
+    if n.target is aten.mul.Tensor and _is_float(n):
+        a, b = look_through(n.args[0]), look_through(n.args[1])
+        if isinstance(a, fx.Node) and a is b:
+            return make_node(g, aten.pow.Tensor_Scalar, (a, 2), like=n)
+    return None
+
+
+def multiply_by_one(n, g):
+    if n.target in (aten.mul.Tensor, aten.div.Tensor) and _is_float(n):
+        a, b = n.args[0], n.args[1]
+        if n.target is aten.mul.Tensor and _num(a) == 1.0:
+            a, b = b, a
+        if _num(b) == 1.0 and isinstance(a, fx.Node) and dtype_of(a) == dtype_of(n) and shape_of(a) == shape_of(n):
+            return a
+    return None
+
+
+def reciprocal_sqrt(n, g):
+    """``reciprocal(sqrt(v))`` and ``pow(v, -0.5)`` -> ``rsqrt(v)``; ``pow(v, .5)`` -> ``sqrt``."""
+    if n.target is aten.reciprocal.default:
+        s = look_through(n.args[0])
+        if isinstance(s, fx.Node) and s.target is aten.sqrt.default and _is_float(s):
+            return make_node(g, aten.rsqrt.default, (s.args[0],), like=n)
+    if n.target is aten.pow.Tensor_Scalar and _is_float(n.args[0]):
+        e = _num(n.args[1])
+        if e == -0.5:
+            return make_node(g, aten.rsqrt.default, (n.args[0],), like=n)
+        if e == 0.5:
+            return make_node(g, aten.sqrt.default, (n.args[0],), like=n)
+    return None
+
+
+def divide_by_sqrt(n, g):
+    """``x / sqrt(v)`` -> ``x * rsqrt(v)``."""
+    if n.target is aten.div.Tensor and len(n.args) == 2 and not n.kwargs.get("rounding_mode"):
+        s = look_through(n.args[1])
+        if isinstance(s, fx.Node) and s.target is aten.sqrt.default and _is_float(n):
+            r = make_node(g, aten.rsqrt.default, (s.args[0],), like=n)
+            new = make_node(g, aten.mul.Tensor, (n.args[0], r), like=n)
+            if dtype_of(new) == dtype_of(n) and shape_of(new) == shape_of(n):
+                return new
+            g.erase_node(new)
+            g.erase_node(r)
+    return None
+
+
+def sum_to_mean(n, g):
+    """``sum(x, dims, keepdim) / N`` (or ``* (1/N)``) with N the reduced count -> ``mean``."""
+    if n.target not in (aten.div.Tensor, aten.mul.Tensor) or not _is_float(n):
+        return None
+    s, k = n.args[0], _num(n.args[1])
+    if n.target is aten.mul.Tensor and k is None:
+        s, k = n.args[1], _num(n.args[0])
+    if k is None or k == 0 or not isinstance(s, fx.Node) or s.target is not aten.sum.dim_IntList:
+        return None
+    x, dims, keepdim = arguments(s)[:3]
+    shape = static_shape(x)
+    if shape is None or not dims or not _is_float(x) or arguments(s)[3] is not None:
+        return None
+    count = math.prod(shape[d % len(shape)] for d in dims)
+    factor = 1.0 / k if n.target is aten.div.Tensor else k
+    if not math.isclose(factor * count, 1.0, rel_tol=1e-6):
+        return None
+    return make_node(g, aten.mean.dim, (x, list(dims), bool(keepdim)), like=n)
+
+
+RULES: list[Rule] = [square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt, sum_to_mean]
+
+
+class Canonicalize(Pass):
+    """Remove no-op nodes and bring equivalent spellings to one canonical form."""
+
+    name = "canonicalize"
+
+    def __init__(self, rules: list[Rule] | None = None):
+        super().__init__()
+        self.rules = list(RULES if rules is None else rules)
+
+    def run(self, program) -> bool:
+        g = program.gm.graph
+        changed = False
+        for n in list(g.nodes):
+            if n.op != "call_function" or getattr(n, "_erased", False):
+                continue
+            if n.target in SIDE_EFFECT_ONLY and not n.users:
+                g.erase_node(n)
+                changed = True
+                continue
+            if is_noop(n):
+                n.replace_all_uses_with(n.args[0])
+                g.erase_node(n)
+                changed = True
+                continue
+            for rule in self.rules:
+                with g.inserting_before(n):
+                    new = rule(n, g)
+                if new is not None and new is not n:
+                    n.replace_all_uses_with(new)
+                    g.erase_node(n)
+                    changed = True
+                    break
+        return changed

@@ -1,0 +1,67 @@
+"""Fusion: apply rewrite rules (pattern + checks + replacement) across the graph.
+
+One forward sweep over the nodes; at each node only the rules whose pattern root has the
+node's op are tried, and each attempt touches at most the pattern's size in nodes, so the
+pass is O(nodes x rules-per-op x pattern size) — linear in graph size, never rescanning.
+Because the sweep is in topological order, a rule can build on a fusion made earlier in
+the same sweep (``rms_norm(x) * w`` absorbs the weight right after the core fused).
+
+With ``record_failures=True`` failed attempts that got some way in are kept in
+``program.notes["near_misses"]`` for :func:`circle_fx.explain`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..patterns.rewrite import Rewrite, apply, try_rewrite
+from ..source import source_line
+from .base import Pass
+
+
+@dataclass
+class FusionRecord:
+    """One fused subgraph: what it became, which rules built it, where it came from."""
+
+    kind: str
+    node: str
+    rules: list[str]
+    source: str
+    replaced_ops: int = 0
+    details: dict = field(default_factory=dict)
+
+
+class FusePatterns(Pass):
+    def __init__(self, rules: list[Rewrite], name: str = "fuse", record_failures: bool = False):
+        super().__init__()
+        self.name = name
+        self.rules = list(rules)
+        self.record_failures = record_failures
+        self._by_root = defaultdict(list)
+        for r in self.rules:
+            self._by_root[r.root_target].append(r)
+
+    def run(self, program) -> bool:
+        g = program.gm.graph
+        records: dict = program.gm.meta.setdefault("circle_fx.fusions", {})
+        misses = program.notes.setdefault("near_misses", []) if self.record_failures else None
+        changed = False
+        for node in list(g.nodes):
+            if getattr(node, "_erased", False) or node.op != "call_function":
+                continue
+            for rule in self._by_root.get(node.target, ()):
+                m = try_rewrite(rule, node)
+                if not m:
+                    if misses is not None and m.progress >= 2:
+                        misses.append(m)
+                    continue
+                merged = [records.pop(n.name) for n in m.nodes if n.name in records and n.op == "call_function"]
+                src = merged[0].source if merged else source_line(m.root)
+                ops = sum(r.replaced_ops for r in merged) + sum(
+                    1 for n in m.nodes if n.name not in {r.node for r in merged})
+                new = apply(rule, m)
+                rules = [x for r in merged for x in r.rules] + [rule.name]
+                records[new.name] = FusionRecord(rule.produces or rule.name, new.name, rules, src, ops)
+                changed = True
+                break
+        return changed

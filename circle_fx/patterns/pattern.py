@@ -1,0 +1,47 @@
+"""The pattern language: a pattern is a plain Python function of ``torch.ops`` calls,
+traced once with ``torch.fx`` into a small graph.
+
+- Function parameters are *wildcards*: each binds to whatever value sits there in the
+  target graph (a node or a literal such as ``eps``); a parameter used twice must bind to
+  the same value both times (that is how ``x * rsqrt(mean(x**2))`` insists on one ``x``).
+- Literals in the function (``2``, ``None``) must match exactly.
+- :func:`optional_cast` marks a place where a dtype conversion may or may not appear.
+
+Conditions that are not about shape of the graph (is the axis the last one? is the
+weight 1-D?) are ordinary Python checks attached to a :class:`~circle_fx.patterns.rewrite.Rewrite`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch.fx as fx
+
+
+def optional_cast(x):
+    """Pattern marker: ``x``, or ``x`` converted to another dtype (``to``/``_to_copy``)."""
+    if isinstance(x, fx.Proxy):
+        return x.tracer.create_proxy("call_function", optional_cast, (x,), {})
+    return x
+
+
+class Pattern:
+    """A traced pattern function: ``graph``, its wildcard names, and its root node."""
+
+    def __init__(self, fn: Callable, name: str | None = None):
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.graph = fx.symbolic_trace(fn).graph
+        self.params = [n.target for n in self.graph.nodes if n.op == "placeholder"]
+        root = self.graph.output_node().args[0]
+        if not isinstance(root, fx.Node) or root.op != "call_function":
+            raise ValueError(f"pattern {self.name} must return the result of one op call")
+        self.root = root
+        self.size = sum(1 for n in self.graph.nodes if n.op == "call_function")
+
+    def __repr__(self) -> str:
+        return f"<Pattern {self.name}: {self.size} ops rooted at {self.root.target}>"
+
+
+def pattern(fn: Callable) -> Pattern:
+    """Decorator form: ``@pattern def rms(x, eps): ...`` makes ``rms`` a :class:`Pattern`."""
+    return Pattern(fn)

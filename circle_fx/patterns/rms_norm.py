@@ -1,0 +1,158 @@
+"""RMSNorm: the pattern library that collapses ``x * rsqrt(mean(x**2, -1) + eps) * w``.
+
+Only three shapes are listed here because canonicalization has already reduced the many
+real spellings to one (``x*x``/``square`` -> ``pow(x, 2)``, ``sum/N`` -> ``mean``,
+``1/sqrt``/``pow(-0.5)`` -> ``rsqrt``, ``x/sqrt`` -> ``x*rsqrt``, no-op casts removed):
+
+1. ``rms_core``: the normalisation itself, optionally with the variance computed on an
+   up-cast copy of ``x`` (T5, Llama in half precision);
+2. ``rms_weight_inside``: ``(x * w) * rsqrt(...)``, weight applied before the scale;
+3. ``rms_absorb_weight``: ``rms_norm(x) * w`` (through an optional cast) folds the weight
+   into an existing fused node — so Llama's cast-before-weight, GPT-OSS's cast-after and
+   Gemma's ``(1 + w)`` (a constant after folding) all end as one node.
+
+Everything the graph shape cannot express is a named check with a message for ``explain``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+
+from ..fx_utils import dtype_of, look_through, make_node, shape_of
+from ..ops import rms_norm
+from ..program import fetch_attr
+from ..source import describe
+from .matcher import Match
+from .pattern import Pattern, optional_cast
+from .rewrite import Rewrite
+
+aten = torch.ops.aten
+
+
+def _variance(x, dims, keepdim):
+    return aten.mean.dim(aten.pow.Tensor_Scalar(optional_cast(x), 2), dims, keepdim)
+
+
+def rms_core(x, dims, keepdim, eps):
+    return aten.mul.Tensor(x, aten.rsqrt.default(aten.add.Tensor(_variance(x, dims, keepdim), eps)))
+
+
+def rms_weight_inside(x, w, dims, keepdim, eps):
+    return aten.mul.Tensor(aten.mul.Tensor(x, w),
+                           aten.rsqrt.default(aten.add.Tensor(_variance(x, dims, keepdim), eps)))
+
+
+def rms_absorb_weight(x, eps, w):
+    return aten.mul.Tensor(optional_cast(rms_norm(x, None, eps)), w)
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_float_input(m: Match):
+    dt = dtype_of(m["x"])
+    if dt is None or not dt.is_floating_point:
+        return f"the normalised value has dtype {dt}, not a floating type"
+    return None
+
+
+def _check_last_axis(m: Match):
+    dims, keepdim, x = m["dims"], m["keepdim"], m["x"]
+    shape = shape_of(x)
+    if not isinstance(dims, (list, tuple)) or shape is None:
+        return f"mean over {dims!r} is not a reduction over a list of axes"
+    ndim = len(shape)
+    if len(dims) != 1:
+        return f"mean reduces {len(dims)} axes {list(dims)}; RMSNorm reduces only the last axis"
+    if not isinstance(dims[0], int) or dims[0] % max(ndim, 1) != ndim - 1:
+        return f"mean reduces axis {dims[0]} of a {ndim}-D tensor, not the last axis"
+    if keepdim is not True:
+        return "mean has keepdim=False, so the result does not broadcast back over the last axis"
+    return None
+
+
+def _eps_value(eps):
+    if isinstance(eps, bool):
+        return None
+    if isinstance(eps, (int, float)):
+        return float(eps)
+    if isinstance(eps, fx.Node) and eps.op == "get_attr":
+        t = fetch_attr(eps.graph.owning_module, eps.target)
+        if isinstance(t, torch.Tensor) and t.numel() == 1 and t.is_floating_point():
+            return float(t.reshape(()).item())
+    return None
+
+
+def _check_eps(m: Match):
+    value = _eps_value(m["eps"])
+    if value is None:
+        eps = m["eps"]
+        what = describe(eps) if isinstance(eps, fx.Node) else repr(eps)
+        return f"the term added to the variance ({what}) is not a constant scalar epsilon"
+    if not math.isfinite(value) or value < 0:
+        return f"epsilon {value} is negative or not finite"
+    return None
+
+
+def _check_not_centred(m: Match):
+    x = look_through(m["x"])
+    if isinstance(x, fx.Node) and x.target is aten.sub.Tensor:
+        a, mu = look_through(x.args[0]), look_through(x.args[1])
+        if isinstance(mu, fx.Node) and mu.target is aten.mean.dim and look_through(mu.args[0]) is a:
+            return "the input is mean-centred (x - mean(x)): this is LayerNorm, not RMSNorm"
+    return None
+
+
+def _check_weight(m: Match):
+    w, x = m["w"], m["x"]
+    if not isinstance(w, fx.Node) or not isinstance(w.meta.get("val"), torch.Tensor):
+        return f"the scale {w!r} is not a tensor"
+    ws, xs = shape_of(w), shape_of(x)
+    d = xs[-1] if xs else None
+    squeezed = list(ws)
+    while len(squeezed) > 1 and squeezed[0] == 1:
+        squeezed.pop(0)
+    if len(ws) > len(xs) or len(squeezed) != 1 or squeezed[0] != d:
+        return f"weight shape {list(ws)} does not match the normalised dimension {d}"
+    if not dtype_of(w).is_floating_point:
+        return f"weight dtype {dtype_of(w)} is not floating point"
+    return None
+
+
+
+# ----------------------------------------------------------------------- replacement
+
+def _emit_rms(m: Match, graph: fx.Graph, weight) -> fx.Node:
+    x, root = m["x"], m.root
+    out_dtype = dtype_of(root)
+    if out_dtype.itemsize > dtype_of(x).itemsize:
+        x = make_node(graph, aten._to_copy.default, (x,), {"dtype": out_dtype}, like=root)
+    if weight is not None:
+        ws = shape_of(weight)
+        if len(ws) != 1:
+            weight = make_node(graph, aten.reshape.default, (weight, [ws[-1]]), like=root)
+    node = make_node(graph, rms_norm, (x, weight, _eps_value(m["eps"])), like=root)
+    if dtype_of(node) != out_dtype:
+        node = make_node(graph, aten._to_copy.default, (node,), {"dtype": out_dtype}, like=root)
+    return node
+
+
+def _replace_core(m, graph):
+    return _emit_rms(m, graph, None)
+
+
+def _replace_weighted(m, graph):
+    return _emit_rms(m, graph, m["w"])
+
+
+_CORE_CHECKS = (_check_float_input, _check_last_axis, _check_eps, _check_not_centred)
+
+RULES = [
+    Rewrite("rms_norm_weight_inside", Pattern(rms_weight_inside), _replace_weighted,
+            _CORE_CHECKS + (_check_weight,), produces="rms_norm"),
+    Rewrite("rms_norm", Pattern(rms_core), _replace_core, _CORE_CHECKS, produces="rms_norm"),
+    Rewrite("rms_norm_weight", Pattern(rms_absorb_weight), _replace_weighted,
+            (_check_weight,), produces="rms_norm"),
+]
+"""The RMSNorm rules, tried in this order at each candidate root."""
