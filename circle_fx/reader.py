@@ -1,0 +1,158 @@
+"""Reading Circle files back: a flat, typed view used by ``inspect``, ``verify`` and tests.
+
+Uses circle_schema's generated accessors directly (not the object API), so buffer data is
+returned as zero-copy numpy views of the file bytes and large models read quickly.
+External buffers (``Buffer.offset``/``size``) are resolved against the same file bytes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+from circle_schema import circle
+
+from .emit.builder import op_name
+from .emit.types import CIRCLE_TO_NUMPY
+from .errors import VerifyError
+
+
+@dataclass
+class TensorView:
+    index: int
+    name: str
+    shape: list[int]
+    shape_signature: list[int] | None
+    type: int  # circle TensorType
+    buffer: int
+
+    @property
+    def dtype(self):
+        return CIRCLE_TO_NUMPY.get(self.type)
+
+    @property
+    def type_name(self) -> str:
+        for k, v in vars(circle.TensorType.TensorType).items():
+            if v == self.type and not k.startswith("_"):
+                return k
+        return str(self.type)
+
+
+@dataclass
+class OperatorView:
+    index: int
+    builtin_code: int
+    inputs: list[int]
+    outputs: list[int]
+    options_type: int
+    options2_type: int = 0
+    raw: object = None  # circle.Operator.Operator, for option details
+
+    @property
+    def name(self) -> str:
+        return op_name(self.builtin_code)
+
+
+@dataclass
+class BufferView:
+    index: int
+    size: int
+    offset: int  # 0 when inline
+    data: np.ndarray | None  # uint8 view, None when empty
+
+
+@dataclass
+class CircleFile:
+    version: int
+    description: str
+    tensors: list[TensorView]
+    operators: list[OperatorView]
+    buffers: list[BufferView]
+    opcodes: list[int]
+    inputs: list[int]
+    outputs: list[int]
+    signature_inputs: list[tuple[str, int]] = field(default_factory=list)
+    signature_outputs: list[tuple[str, int]] = field(default_factory=list)
+    num_subgraphs: int = 1
+    file_size: int = 0
+
+    def tensor_data(self, index: int) -> np.ndarray | None:
+        """The constant data of tensor ``index`` as a typed numpy array, or None."""
+        t = self.tensors[index]
+        b = self.buffers[t.buffer] if 0 <= t.buffer < len(self.buffers) else None
+        if b is None or b.data is None or t.dtype is None:
+            return None
+        return b.data.view(t.dtype).reshape(t.shape)
+
+
+def _load(src) -> bytes | memoryview:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return memoryview(src)
+    path = os.fspath(src)
+    if not os.path.exists(path):
+        raise VerifyError(f"{path}: no such file")
+    return memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if os.path.getsize(path) else memoryview(b"")
+
+
+def read_circle(src) -> CircleFile:
+    """Parse a Circle file (path, bytes or memoryview) into a :class:`CircleFile`."""
+    buf = _load(src)
+    if len(buf) < 8:
+        raise VerifyError(f"not a Circle file: only {len(buf)} bytes")
+    raw = bytes(buf[:8])
+    if raw[4:8] not in (b"CIR0", b"TFL3"):
+        raise VerifyError(f"not a Circle file: identifier {raw[4:8]!r}")
+    try:
+        m = circle.Model.Model.GetRootAs(buf, 0)
+        opcodes = []
+        for i in range(m.OperatorCodesLength()):
+            oc = m.OperatorCodes(i)
+            code = oc.BuiltinCode()
+            dep = oc.DeprecatedBuiltinCode()
+            opcodes.append(code if code >= 127 or code < 0 else dep if dep != 127 else code)
+        buffers = []
+        for i in range(m.BuffersLength()):
+            b = m.Buffers(i)
+            off, size = b.Offset(), b.Size()
+            if off > 1:
+                data = np.frombuffer(buf, dtype=np.uint8, count=size, offset=off) if off + size <= len(buf) else None
+                buffers.append(BufferView(i, size, off, data))
+            elif not b.DataIsNone() and b.DataLength():
+                data = b.DataAsNumpy()
+                buffers.append(BufferView(i, int(data.size), 0, data))
+            else:
+                buffers.append(BufferView(i, 0, 0, None))
+        sg = m.Subgraphs(0)
+        tensors = []
+        for i in range(sg.TensorsLength()):
+            t = sg.Tensors(i)
+            sig = [int(x) for x in t.ShapeSignatureAsNumpy()] if not t.ShapeSignatureIsNone() else None
+            shape = [int(x) for x in t.ShapeAsNumpy()] if not t.ShapeIsNone() else []
+            name = t.Name().decode() if t.Name() is not None else ""
+            tensors.append(TensorView(i, name, shape, sig, t.Type(), t.Buffer()))
+        operators = []
+        for i in range(sg.OperatorsLength()):
+            o = sg.Operators(i)
+            idx = o.OpcodeIndex()
+            code = opcodes[idx] if 0 <= idx < len(opcodes) else -10_000
+            ins = [int(x) for x in o.InputsAsNumpy()] if not o.InputsIsNone() else []
+            outs = [int(x) for x in o.OutputsAsNumpy()] if not o.OutputsIsNone() else []
+            operators.append(OperatorView(i, code, ins, outs, o.BuiltinOptionsType(),
+                                          o.BuiltinOptions2Type(), o))
+        sig_in, sig_out = [], []
+        if m.SignatureDefsLength():
+            sd = m.SignatureDefs(0)
+            sig_in = [(sd.Inputs(j).Name().decode(), sd.Inputs(j).TensorIndex()) for j in range(sd.InputsLength())]
+            sig_out = [(sd.Outputs(j).Name().decode(), sd.Outputs(j).TensorIndex()) for j in range(sd.OutputsLength())]
+        return CircleFile(
+            version=m.Version(),
+            description=(m.Description() or b"").decode(errors="replace"),
+            tensors=tensors, operators=operators, buffers=buffers, opcodes=opcodes,
+            inputs=[int(x) for x in sg.InputsAsNumpy()] if not sg.InputsIsNone() else [],
+            outputs=[int(x) for x in sg.OutputsAsNumpy()] if not sg.OutputsIsNone() else [],
+            signature_inputs=sig_in, signature_outputs=sig_out,
+            num_subgraphs=m.SubgraphsLength(), file_size=len(buf))
+    except VerifyError:
+        raise
+    except Exception as e:
+        raise VerifyError(f"Circle flatbuffer could not be parsed: {type(e).__name__}: {e}") from e
