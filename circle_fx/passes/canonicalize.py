@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from ..fx_utils import SIDE_EFFECT_ONLY, arguments, dtype_of, is_noop, look_through, make_node, shape_of, static_shape
+from ..fx_utils import CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_noop, look_through, make_node, shape_of, static_shape
 from .base import Pass
 
 aten = torch.ops.aten
@@ -102,7 +102,21 @@ def sum_to_mean(n, g):
     return make_node(g, aten.mean.dim, (x, list(dims), bool(keepdim)), like=n)
 
 
-RULES: list[Rule] = [square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt, sum_to_mean]
+def merge_duplicate_casts(n, g):
+    """A second identical cast of one value (``x.float()`` written twice, as in
+    ``x.float() * rsqrt(x.float().pow(2).mean(-1))``) -> the first one, so patterns that
+    say "the same ``x`` in both places" see one node. Only casts: they are pure and cheap,
+    and merging arbitrary ops could create sharing that blocks other fusions."""
+    if n.target not in CAST_OPS or not n.args or not isinstance(n.args[0], fx.Node):
+        return None
+    for u in n.args[0].users:
+        if (u is not n and u.op == "call_function" and u.target is n.target and u.args == n.args
+                and u.kwargs == n.kwargs and u < n):
+            return u
+    return None
+
+
+RULES: list[Rule] = [merge_duplicate_casts, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt, sum_to_mean]
 
 
 class Canonicalize(Pass):
