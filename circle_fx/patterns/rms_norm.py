@@ -11,9 +11,9 @@ duplicate casts merged); what remains are genuinely different associations of th
    ``rms_weight_on_scale``: ``x * (rsqrt(...) * w)``, weight folded into the scale first;
 3. ``rms_absorb_weight``: ``rms_norm(x) * w`` (through an optional cast) folds the weight
    into an existing fused node — so Llama's cast-before-weight, GPT-OSS's cast-after and
-   Gemma's ``(1 + w)`` (a constant after folding) all end as one node;
-4. ``rms_aten``: ``torch.nn.RMSNorm`` / ``F.rms_norm``, which ``torch.export`` keeps as one
-   ``aten.rms_norm`` op, when it normalises only the last dimension.
+   Gemma's ``(1 + w)`` (a constant after folding) all end as one node.
+
+(``torch.nn.RMSNorm`` exports as one ``aten.rms_norm`` op; passes/decompose.py maps it.)
 
 Everything the graph shape cannot express is a named check with a message for ``explain``.
 """
@@ -53,10 +53,6 @@ def rms_weight_on_scale(x, w, dims, keepdim, eps):
                                               w))
 
 
-def rms_aten(x, normalized_shape, w, eps):
-    return aten.rms_norm.default(x, normalized_shape, w, eps)
-
-
 def rms_absorb_weight(x, eps, w):
     return aten.mul.Tensor(optional_cast(rms_norm(x, None, eps)), w)
 
@@ -85,9 +81,7 @@ def _check_last_axis(m: Match):
     return None
 
 
-def _eps_value(eps, x=None):
-    if eps is None and x is not None and dtype_of(x) is not None and dtype_of(x).is_floating_point:
-        return float(torch.finfo(dtype_of(x)).eps)  # aten.rms_norm's default
+def _eps_value(eps):
     if isinstance(eps, bool):
         return None
     if isinstance(eps, (int, float)):
@@ -100,7 +94,7 @@ def _eps_value(eps, x=None):
 
 
 def _check_eps(m: Match):
-    value = _eps_value(m["eps"], m["x"])
+    value = _eps_value(m["eps"])
     if value is None:
         eps = m["eps"]
         what = describe(eps) if isinstance(eps, fx.Node) else repr(eps)
@@ -135,16 +129,6 @@ def _check_weight(m: Match):
     return None
 
 
-def _check_last_dim_only(m: Match):
-    shape, xs = m["normalized_shape"], shape_of(m["x"])
-    if not isinstance(shape, (list, tuple)) or xs is None or len(shape) != 1 or not xs or shape[0] != xs[-1]:
-        return f"normalized_shape {shape!r} is not just the last dimension of a {list(xs or [])} tensor"
-    return None
-
-
-def _check_optional_weight(m: Match):
-    return None if m["w"] is None else _check_weight(m)
-
 # ----------------------------------------------------------------------- replacement
 
 def _emit_rms(m: Match, graph: fx.Graph, weight) -> fx.Node:
@@ -156,7 +140,7 @@ def _emit_rms(m: Match, graph: fx.Graph, weight) -> fx.Node:
         ws = shape_of(weight)
         if len(ws) != 1:
             weight = make_node(graph, aten.reshape.default, (weight, [ws[-1]]), like=root)
-    node = make_node(graph, rms_norm, (x, weight, _eps_value(m["eps"], m["x"])), like=root)
+    node = make_node(graph, rms_norm, (x, weight, _eps_value(m["eps"])), like=root)
     if dtype_of(node) != out_dtype:
         node = make_node(graph, aten._to_copy.default, (node,), {"dtype": out_dtype}, like=root)
     return node
@@ -170,8 +154,6 @@ def _replace_weighted(m, graph):
     return _emit_rms(m, graph, m["w"])
 
 
-
-
 _CORE_CHECKS = (_check_float_input, _check_last_axis, _check_eps, _check_not_centred)
 
 RULES = [
@@ -180,8 +162,6 @@ RULES = [
     Rewrite("rms_norm_weight_on_scale", Pattern(rms_weight_on_scale), _replace_weighted,
             _CORE_CHECKS + (_check_weight,), produces="rms_norm"),
     Rewrite("rms_norm", Pattern(rms_core), _replace_core, _CORE_CHECKS, produces="rms_norm"),
-    Rewrite("rms_norm_aten", Pattern(rms_aten), _replace_weighted,
-            (_check_float_input, _check_last_dim_only, _check_eps, _check_optional_weight), produces="rms_norm"),
     Rewrite("rms_norm_weight", Pattern(rms_absorb_weight), _replace_weighted,
             (_check_weight,), produces="rms_norm"),
 ]
