@@ -11,9 +11,10 @@ from .errors import (CaptureError, CircleFxError, InputError, PassError, Runtime
 from .model import CircleModel
 from .passes import Pass, Pipeline, default_pipeline
 from .program import Program
+from .verify import VerifyReport, verify
 
 __version__ = "0.1.0"
 
 __all__ = ["export", "capture", "lower", "CircleModel", "Program", "Pass", "Pipeline", "default_pipeline",
            "CircleFxError", "CaptureError", "InputError", "PassError", "RuntimeFailure",
-           "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError"]
+           "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError", "verify", "VerifyReport"]

@@ -1,0 +1,520 @@
+"""``circle_fx.verify``: structural checks of an emitted Circle file, without running it.
+
+onert reacts to a malformed model with a segfault, a wrong answer or an error from deep
+inside its shape validator; none of those say which tensor or operator is wrong. This
+reads the file back (``circle_fx.reader``) and checks, in one pass each:
+
+- indices: every tensor, buffer and opcode index in range (``-1`` only as an optional input);
+- data flow: every operator input is a graph input, a constant, or the output of an earlier
+  operator; no tensor is produced twice; every graph output is produced;
+- constants: buffer size == prod(shape) * itemsize;
+- options: every op that has an options table carries one of the right type (onert
+  segfaults otherwise);
+- shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
+  FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
+  reductions, STRIDED_SLICE). Dynamic dims (``-1`` in ``shape_signature``) match anything;
+- signatures: names present and unique, pointing at exactly the graph inputs/outputs.
+
+All problems are collected and raised together as one :class:`VerifyError`.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from circle_schema import circle
+
+from .emit.writer import default_options
+from .errors import VerifyError
+from .reader import CircleFile, OperatorView, read_circle
+
+BO = circle.BuiltinOperator.BuiltinOperator
+BOPT = circle.BuiltinOptions.BuiltinOptions
+BOPT2 = circle.BuiltinOptions2.BuiltinOptions2
+
+Dims = list  # list[int | None]; None = dynamic
+
+_MAX_LISTED = 40
+
+
+@dataclass
+class VerifyReport:
+    """What a successful :func:`verify` saw (also what ``str()`` prints)."""
+
+    operators: int
+    tensors: int
+    buffers: int
+    constants: int
+    inputs: list[str]
+    outputs: list[str]
+    dynamic: bool
+    op_counts: Counter = field(default_factory=Counter)
+    shape_checked: int = 0  # operators whose shapes were checked against a rule
+
+    def __str__(self) -> str:
+        return (f"Circle file OK: {self.operators} operators ({self.shape_checked} shape-checked), "
+                f"{self.tensors} tensors, {self.constants} constants, inputs {self.inputs}, "
+                f"outputs {self.outputs}" + (", dynamic shapes" if self.dynamic else ""))
+
+
+def verify(src) -> VerifyReport:
+    """Check a Circle file (path, bytes, or a :class:`CircleModel`) and return a report.
+
+    Raises :class:`VerifyError` whose ``.problems`` lists every problem found.
+    """
+    if hasattr(src, "to_bytes") and hasattr(src, "serialized"):  # a CircleModel
+        src = src.to_bytes() if src.serialized.external else src.serialized.head  # head: no copy
+    cf = read_circle(src)
+    checker = _Checker(cf)
+    checker.run()
+    if checker.problems:
+        name = src if isinstance(src, str) else "Circle model"
+        listed = checker.problems[:_MAX_LISTED]
+        more = len(checker.problems) - len(listed)
+        raise VerifyError(f"{name}: {len(checker.problems)} problem(s):\n  " + "\n  ".join(listed)
+                          + (f"\n  ... and {more} more" if more > 0 else ""), checker.problems)
+    t = cf.tensors
+    return VerifyReport(
+        operators=len(cf.operators), tensors=len(t), buffers=len(cf.buffers),
+        constants=sum(1 for x in t if checker.is_const(x.index)),
+        inputs=[t[i].name for i in cf.inputs], outputs=[t[i].name for i in cf.outputs],
+        dynamic=any(x.shape_signature and -1 in x.shape_signature for x in t),
+        op_counts=Counter(op.name for op in cf.operators), shape_checked=checker.shape_checked)
+
+
+class _Checker:
+    def __init__(self, cf: CircleFile):
+        self.cf = cf
+        self.problems: list[str] = []
+        self.shape_checked = 0
+
+    # ------------------------------------------------------------ helpers
+    def bad(self, msg: str) -> None:
+        self.problems.append(msg)
+
+    def valid_tensor(self, i: int) -> bool:
+        return 0 <= i < len(self.cf.tensors)
+
+    def is_const(self, i: int) -> bool:
+        t = self.cf.tensors[i]
+        if not 0 <= t.buffer < len(self.cf.buffers):
+            return False
+        b = self.cf.buffers[t.buffer]
+        return b.size > 0 or b.data is not None
+
+    def dims(self, i: int) -> Dims:
+        t = self.cf.tensors[i]
+        sig = t.shape_signature
+        if sig is not None and len(sig) == len(t.shape):
+            return [None if s < 0 else d for d, s in zip(t.shape, sig)]
+        return list(t.shape)
+
+    def tname(self, i: int) -> str:
+        return f"tensor {i} {self.cf.tensors[i].name!r}" if self.valid_tensor(i) else f"tensor {i}"
+
+    def const_ints(self, i: int) -> list[int] | None:
+        if i < 0 or not self.valid_tensor(i) or not self.is_const(i):
+            return None
+        try:
+            data = self.cf.tensor_data(i)
+        except Exception:
+            return None
+        if data is None or data.dtype.kind not in "iu":
+            return None
+        return [int(x) for x in np.asarray(data).reshape(-1)]
+
+    # -------------------------------------------------------------- checks
+    def run(self) -> None:
+        cf = self.cf
+        if cf.num_subgraphs != 1:
+            self.bad(f"model has {cf.num_subgraphs} subgraphs; circle_fx emits exactly one")
+        self.check_tensors()
+        self.check_buffers()
+        structure_ok = self.check_graph_io() & self.check_operators()
+        self.check_signatures()
+        if structure_ok:
+            for op in cf.operators:
+                self.check_shapes(op)
+
+    def check_tensors(self) -> None:
+        names = Counter(t.name for t in self.cf.tensors)
+        for t in self.cf.tensors:
+            where = f"tensor {t.index} {t.name!r}"
+            if not t.name:
+                self.bad(f"tensor {t.index} has no name (onert requires tensor names)")
+            elif names[t.name] > 1:
+                self.bad(f"{where}: name used by {names[t.name]} tensors")
+            if not 0 <= t.buffer < len(self.cf.buffers):
+                self.bad(f"{where}: buffer index {t.buffer} out of range (0..{len(self.cf.buffers) - 1})")
+            if t.dtype is None:
+                self.bad(f"{where}: tensor type {t.type_name} is not one circle_fx emits")
+            if any(d < 0 for d in t.shape):
+                self.bad(f"{where}: negative dim in shape {t.shape} (use shape_signature for dynamic dims)")
+            sig = t.shape_signature
+            if sig is not None:
+                if len(sig) != len(t.shape):
+                    self.bad(f"{where}: shape_signature {sig} has rank {len(sig)}, shape {t.shape} has {len(t.shape)}")
+                elif any(s != -1 and s != d for s, d in zip(sig, t.shape)):
+                    self.bad(f"{where}: shape_signature {sig} disagrees with shape {t.shape}")
+
+    def check_buffers(self) -> None:
+        for t in self.cf.tensors:
+            if not 0 <= t.buffer < len(self.cf.buffers) or t.dtype is None:
+                continue
+            b = self.cf.buffers[t.buffer]
+            if b.size == 0 and b.data is None:
+                continue
+            where = f"tensor {t.index} {t.name!r} (buffer {t.buffer})"
+            if b.data is None:
+                self.bad(f"{where}: external data at offset {b.offset} size {b.size} lies past the end "
+                         f"of the file ({self.cf.file_size} bytes)")
+                continue
+            if t.shape_signature is not None and -1 in t.shape_signature:
+                self.bad(f"{where}: a constant cannot have a dynamic shape {t.shape_signature}")
+            want = math.prod(t.shape) * t.dtype.itemsize
+            if b.size != want:
+                self.bad(f"{where}: buffer holds {b.size} bytes, shape {t.shape} of {t.type_name} "
+                         f"needs {want}")
+
+    def check_graph_io(self) -> bool:
+        ok = True
+        for kind, idxs in (("input", self.cf.inputs), ("output", self.cf.outputs)):
+            if not idxs:
+                self.bad(f"graph has no {kind}s")
+            for i in idxs:
+                if not self.valid_tensor(i):
+                    self.bad(f"graph {kind} tensor index {i} out of range (0..{len(self.cf.tensors) - 1})")
+                    ok = False
+            if len(set(idxs)) != len(idxs):
+                self.bad(f"graph {kind}s {idxs} repeat a tensor")
+        for i in self.cf.inputs:
+            if self.valid_tensor(i) and self.is_const(i):
+                self.bad(f"graph input {self.tname(i)} is a constant (has buffer data)")
+        return ok
+
+    def check_operators(self) -> bool:
+        cf = self.cf
+        ok = True
+        available = {i for i in cf.inputs if self.valid_tensor(i)}
+        available |= {t.index for t in cf.tensors if self.is_const(t.index)}
+        produced_by: dict[int, int] = {}
+        for op in cf.operators:
+            where = f"operator {op.index} {op.name}"
+            opcode_index = op.raw.OpcodeIndex() if op.raw is not None else 0
+            if not 0 <= opcode_index < len(cf.opcodes):
+                self.bad(f"operator {op.index}: opcode index {opcode_index} out of range "
+                         f"(0..{len(cf.opcodes) - 1})")
+                ok = False
+                continue
+            if not op.outputs:
+                self.bad(f"{where}: has no outputs")
+            for i in op.inputs:
+                if i == -1:
+                    continue
+                if not self.valid_tensor(i):
+                    self.bad(f"{where}: input tensor index {i} out of range (0..{len(cf.tensors) - 1})")
+                    ok = False
+                elif i not in available:
+                    later = next((o.index for o in cf.operators[op.index + 1:] if i in o.outputs), None)
+                    why = (f"it is produced later by operator {later}" if later is not None
+                           else "no operator produces it and it is neither a constant nor a graph input")
+                    self.bad(f"{where}: input {self.tname(i)} is used before it is produced ({why})")
+            for i in op.outputs:
+                if not self.valid_tensor(i):
+                    self.bad(f"{where}: output tensor index {i} out of range (0..{len(cf.tensors) - 1})")
+                    ok = False
+                    continue
+                if i in produced_by:
+                    self.bad(f"{where}: output {self.tname(i)} already produced by operator {produced_by[i]}")
+                elif self.is_const(i):
+                    self.bad(f"{where}: output {self.tname(i)} is a constant")
+                elif i in cf.inputs:
+                    self.bad(f"{where}: output {self.tname(i)} is a graph input")
+                produced_by[i] = op.index
+                available.add(i)
+            self.check_options(op, where)
+        for i in cf.outputs:
+            if self.valid_tensor(i) and i not in produced_by:
+                self.bad(f"graph output {self.tname(i)} is not produced by any operator")
+        return ok
+
+    def check_options(self, op: OperatorView, where: str) -> None:
+        want = default_options(op.builtin_code)
+        if want is None:
+            return
+        kind = type(want).__name__[:-1]
+        if hasattr(BOPT, kind):
+            if op.options_type != getattr(BOPT, kind):
+                self.bad(f"{where}: options type {op.options_type} is not {kind} (onert needs the table)")
+        elif hasattr(BOPT2, kind) and op.options2_type != getattr(BOPT2, kind):
+            self.bad(f"{where}: options2 type {op.options2_type} is not {kind} (onert needs the table)")
+
+    def check_signatures(self) -> None:
+        cf = self.cf
+        if not cf.signature_inputs and not cf.signature_outputs:
+            self.bad("model has no signature def (input/output names)")
+            return
+        for kind, entries, graph in (("input", cf.signature_inputs, cf.inputs),
+                                     ("output", cf.signature_outputs, cf.outputs)):
+            names = [n for n, _ in entries]
+            if any(not n for n in names):
+                self.bad(f"signature {kind} without a name: {entries}")
+            dup = sorted(n for n, c in Counter(names).items() if c > 1)
+            if dup:
+                self.bad(f"signature {kind} names repeat: {dup}")
+            idxs = [i for _, i in entries]
+            if idxs != list(graph):
+                self.bad(f"signature {kind}s point at tensors {idxs}, graph {kind}s are {list(graph)}")
+
+    # -------------------------------------------------------------- shapes
+    def check_shapes(self, op: OperatorView) -> None:
+        rule = _RULES.get(op.builtin_code)
+        if rule is None:
+            return
+        if any(i != -1 and not self.valid_tensor(i) for i in op.inputs + op.outputs):
+            return
+        self.shape_checked += 1
+        try:
+            msg = rule(self, op)
+        except _Skip:
+            return
+        if msg:
+            ins = ", ".join(f"{self.dims(i)}" if i >= 0 else "-" for i in op.inputs)
+            outs = ", ".join(f"{self.dims(i)}" for i in op.outputs)
+            self.bad(f"operator {op.index} {op.name} ({ins} -> {outs}): {msg}")
+
+    def options(self, op: OperatorView, name: str):
+        table = op.raw.BuiltinOptions() if hasattr(BOPT, name) else op.raw.BuiltinOptions2()
+        if table is None:
+            raise _Skip()
+        mod = getattr(circle, name)
+        obj = getattr(mod, name)()
+        obj.Init(table.Bytes, table.Pos)
+        return obj
+
+
+class _Skip(Exception):
+    """Not enough information to check (e.g. a non-constant shape operand)."""
+
+
+# ----------------------------------------------------------------- dim algebra
+def _same(a, b) -> bool:
+    return a is None or b is None or a == b
+
+
+def _same_shape(a: Dims, b: Dims) -> bool:
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+
+
+def _fmt(d: Dims) -> str:
+    return "[" + ", ".join("?" if x is None else str(x) for x in d) + "]"
+
+
+def _broadcast(shapes: list[Dims]) -> Dims | str:
+    rank = max(len(s) for s in shapes)
+    out = []
+    for k in range(rank):
+        col = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        known = {d for d in col if d is not None and d != 1}
+        if len(known) > 1:
+            return f"shapes {', '.join(_fmt(s) for s in shapes)} do not broadcast (dim {k})"
+        if known:
+            out.append(known.pop())
+        elif any(d is None for d in col):
+            out.append(None)
+        else:
+            out.append(1)
+    return out
+
+
+def _numel(d: Dims) -> int | None:
+    return None if any(x is None for x in d) else math.prod(d)
+
+
+def _expect(got: Dims, want: Dims) -> str | None:
+    if not _same_shape(got, want):
+        return f"output shape {_fmt(got)} should be {_fmt(want)}"
+    return None
+
+
+# ---------------------------------------------------------------- shape rules
+def _elementwise(c: _Checker, op: OperatorView):
+    ins = [c.dims(i) for i in op.inputs if i >= 0]
+    want = _broadcast(ins)
+    if isinstance(want, str):
+        return want
+    return _expect(c.dims(op.outputs[0]), want)
+
+
+def _same_as_input(c: _Checker, op: OperatorView):
+    return _expect(c.dims(op.outputs[0]), c.dims(op.inputs[0]))
+
+
+def _rms_norm(c: _Checker, op: OperatorView):
+    x = c.dims(op.inputs[0])
+    if len(x) not in (3, 4):
+        return f"input rank {len(x)}; onert's RMS_NORM takes rank 3 or 4"
+    if len(op.inputs) > 1 and op.inputs[1] >= 0:
+        g = c.dims(op.inputs[1])
+        if len(g) != 1 or not _same(g[0], x[-1]):
+            return f"gamma shape {_fmt(g)} should be [{x[-1]}]"
+    return _expect(c.dims(op.outputs[0]), x)
+
+
+def _fully_connected(c: _Checker, op: OperatorView):
+    if len(op.inputs) != 3:
+        return f"has {len(op.inputs)} inputs; onert needs 3 (bias -1 when absent)"
+    x, w = c.dims(op.inputs[0]), c.dims(op.inputs[1])
+    if len(w) != 2:
+        return f"weight must be 2-D [out, in], got {_fmt(w)}"
+    out_f, in_f = w
+    if not _same(x[-1] if x else None, in_f):
+        return f"input's last dim {x[-1] if x else None} != weight's in-features {in_f}"
+    if op.inputs[2] >= 0:
+        b = c.dims(op.inputs[2])
+        if len(b) != 1 or not _same(b[0], out_f):
+            return f"bias shape {_fmt(b)} should be [{out_f}]"
+    keep = bool(c.options(op, "FullyConnectedOptions").KeepNumDims())
+    rows = _numel(x[:-1])
+    want = x[:-1] + [out_f] if keep else [rows, out_f]
+    return _expect(c.dims(op.outputs[0]), want)
+
+
+def _batch_matmul(c: _Checker, op: OperatorView):
+    a, b = c.dims(op.inputs[0]), c.dims(op.inputs[1])
+    if not (2 <= len(a) <= 4 and 2 <= len(b) <= 4):
+        return f"operand ranks {len(a)} and {len(b)}; onert takes 2..4"
+    opts = c.options(op, "BatchMatMulOptions")
+    m, ka = (a[-1], a[-2]) if opts.AdjointLhs() else (a[-2], a[-1])
+    kb, n = (b[-1], b[-2]) if opts.AdjointRhs() else (b[-2], b[-1])
+    if not _same(ka, kb):
+        return f"contracted dims differ: {ka} vs {kb}"
+    batch = _broadcast([a[:-2], b[:-2]])
+    if isinstance(batch, str):
+        return "batch " + batch
+    return _expect(c.dims(op.outputs[0]), batch + [m, n])
+
+
+def _reshape(c: _Checker, op: OperatorView):
+    x, out = c.dims(op.inputs[0]), c.dims(op.outputs[0])
+    nx, no = _numel(x), _numel(out)
+    if nx is not None and no is not None and nx != no:
+        return f"element count changes: {nx} -> {no}"
+    target = c.const_ints(op.inputs[1]) if len(op.inputs) > 1 else None
+    if target is not None:
+        if target.count(-1) > 1:
+            return f"shape operand {target} has more than one -1"
+        if len(target) != len(out) or any(t != -1 and not _same(o, t) for t, o in zip(target, out)):
+            return f"shape operand {target} disagrees with the output shape {_fmt(out)}"
+    return None
+
+
+def _transpose(c: _Checker, op: OperatorView):
+    x = c.dims(op.inputs[0])
+    perm = c.const_ints(op.inputs[1])
+    if perm is None:
+        raise _Skip()
+    if sorted(perm) != list(range(len(x))):
+        return f"perm {perm} is not a permutation of {len(x)} axes"
+    return _expect(c.dims(op.outputs[0]), [x[p] for p in perm])
+
+
+def _concatenation(c: _Checker, op: OperatorView):
+    ins = [c.dims(i) for i in op.inputs]
+    out = c.dims(op.outputs[0])
+    rank = len(out)
+    axis = c.options(op, "ConcatenationOptions").Axis()
+    if not -rank <= axis < rank:
+        return f"axis {axis} out of range for rank {rank}"
+    axis %= rank
+    total = 0
+    for k, s in enumerate(ins):
+        if len(s) != rank:
+            return f"input {k} has rank {len(s)}, output has {rank}"
+        for d in range(rank):
+            if d != axis and not _same(s[d], out[d]):
+                return f"input {k} dim {d} is {s[d]}, output has {out[d]}"
+        total = None if total is None or s[axis] is None else total + s[axis]
+    if total is not None and not _same(out[axis], total):
+        return f"output dim {axis} is {out[axis]}, inputs sum to {total}"
+    return None
+
+
+def _gather(c: _Checker, op: OperatorView):
+    params, idx = c.dims(op.inputs[0]), c.dims(op.inputs[1])
+    opts = c.options(op, "GatherOptions")
+    axis, batch = opts.Axis(), opts.BatchDims()
+    if batch != 0:
+        raise _Skip()
+    if not -len(params) <= axis < len(params):
+        return f"axis {axis} out of range for params rank {len(params)}"
+    axis %= len(params)
+    return _expect(c.dims(op.outputs[0]), params[:axis] + idx + params[axis + 1:])
+
+
+def _reduce(c: _Checker, op: OperatorView):
+    x = c.dims(op.inputs[0])
+    axes = c.const_ints(op.inputs[1])
+    if axes is None:
+        raise _Skip()
+    rank = len(x)
+    if any(not -rank <= a < rank for a in axes):
+        return f"axes {axes} out of range for rank {rank}"
+    axes = {a % rank for a in axes}
+    keep = bool(c.options(op, "ReducerOptions").KeepDims())
+    want = [1 if d in axes else x[d] for d in range(rank)] if keep else [x[d] for d in range(rank) if d not in axes]
+    return _expect(c.dims(op.outputs[0]), want)
+
+
+def _strided_slice(c: _Checker, op: OperatorView):
+    x = c.dims(op.inputs[0])
+    begin, end = c.const_ints(op.inputs[1]), c.const_ints(op.inputs[2])
+    strides = c.const_ints(op.inputs[3]) if len(op.inputs) > 3 else [1] * len(x)
+    if begin is None or end is None or strides is None:
+        raise _Skip()
+    o = c.options(op, "StridedSliceOptions")
+    if o.EllipsisMask() or o.NewAxisMask():
+        raise _Skip()
+    if not len(begin) == len(end) == len(strides) == len(x):
+        return f"begin/end/strides lengths {len(begin)}/{len(end)}/{len(strides)} != input rank {len(x)}"
+    want = []
+    for d, size in enumerate(x):
+        s = strides[d]
+        if s == 0:
+            return f"stride 0 on axis {d}"
+        shrink = o.ShrinkAxisMask() >> d & 1
+        if size is None:
+            if not shrink:
+                want.append(None)
+            continue
+        b = (0 if s > 0 else size - 1) if o.BeginMask() >> d & 1 else begin[d]
+        e = (size if s > 0 else -size - 1) if o.EndMask() >> d & 1 else end[d]
+        if shrink:
+            b = b + size if b < 0 else b
+            if not 0 <= b < size:
+                return f"shrink index {begin[d]} out of range on axis {d} (size {size})"
+            continue
+        b, e = (b + size if b < 0 else b), (e + size if e < 0 else e)
+        if s > 0:
+            b, e = max(0, min(size, b)), max(0, min(size, e))
+            want.append(max(0, -(-(e - b) // s)))
+        else:
+            b, e = max(-1, min(size - 1, b)), max(-1, min(size - 1, e))
+            want.append(max(0, -(-(b - e) // -s)))
+    return _expect(c.dims(op.outputs[0]), want)
+
+
+_ELEMENTWISE = ["ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
+                "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
+                "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD"]
+_UNARY = ["NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LOGISTIC", "RELU",
+          "SQUARE", "LOGICAL_NOT", "GELU", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH", "LEAKY_RELU"]
+
+_RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
+_RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})
+_RULES.update({BO.RMS_NORM: _rms_norm, BO.FULLY_CONNECTED: _fully_connected,
+               BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
+               BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
+               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice})

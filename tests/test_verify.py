@@ -1,0 +1,297 @@
+"""circle_fx.verify: accepts what we emit, and catches each kind of corruption.
+
+Corrupted files are made by unpacking a real emitted model with circle_schema's object
+API, breaking one thing, and packing it again, so each test shows one check at work.
+"""
+from __future__ import annotations
+
+import flatbuffers
+import numpy as np
+import pytest
+import torch
+from circle_schema import circle
+from torch import nn
+
+import circle_fx
+from circle_fx import VerifyError
+from circle_fx.emit.writer import Serialized
+from circle_fx.model import CircleModel
+
+BO = circle.BuiltinOperator.BuiltinOperator
+
+
+class RMS(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        return self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+class Cover(nn.Module):
+    """Emits every op verify has a shape rule for that matters most."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.lin = nn.Linear(8, 8)
+        self.norm = RMS(8)
+        self.scale = nn.Parameter(torch.rand(1, 1, 8))
+
+    def forward(self, ids, x):
+        h = self.norm(self.lin(self.emb(ids) + x)) * self.scale  # GATHER ADD FC RESHAPE RMS_NORM MUL
+        p = torch.softmax(h @ h.transpose(1, 2), -1)  # TRANSPOSE BATCH_MATMUL SOFTMAX
+        c = torch.cat([p, h[:, :, 1:3]], -1)  # STRIDED_SLICE CONCATENATION
+        return c.mean(-1), c.sum(1).reshape(-1)  # MEAN SUM RESHAPE
+
+
+@pytest.fixture(scope="module")
+def cover():
+    torch.manual_seed(0)
+    model = Cover().eval()
+    inputs = (torch.randint(0, 10, (2, 3)), torch.randn(2, 3, 8))
+    return circle_fx.export(model, inputs), model, inputs
+
+
+@pytest.fixture(scope="module")
+def good(cover):
+    return cover[0].to_bytes()
+
+
+def mutate(data: bytes, fn) -> bytes:
+    m = circle.Model.ModelT.InitFromPackedBuf(bytearray(data), 0)  # writable views
+    fn(m, m.subgraphs[0])
+    b = flatbuffers.Builder(1024)
+    b.Finish(m.Pack(b), file_identifier=b"CIR0")
+    return bytes(b.Output())
+
+
+def first_op(m, sg, name):
+    code = getattr(BO, name)
+    for i, op in enumerate(sg.operators):
+        if m.operatorCodes[op.opcodeIndex].builtinCode == code:
+            return i, op
+    raise AssertionError(f"no {name} operator")
+
+
+def problems_of(data) -> list[str]:
+    with pytest.raises(VerifyError) as info:
+        circle_fx.verify(data)
+    assert info.value.problems, "VerifyError must list its problems"
+    assert str(info.value).count("\n") >= 1
+    return info.value.problems
+
+
+def assert_problem(data, *words):
+    problems = problems_of(data)
+    assert any(all(w in p for w in words) for p in problems), problems
+
+
+# ------------------------------------------------------------------------- accepts
+def test_emitted_model_verifies_and_reports(good, cover, tmp_path):
+    report = circle_fx.verify(good)
+    assert isinstance(report, circle_fx.VerifyReport)
+    assert report.inputs == ["ids", "x"] and len(report.outputs) == 2
+    for op in ("FULLY_CONNECTED", "BATCH_MATMUL", "GATHER", "RMS_NORM", "STRIDED_SLICE", "CONCATENATION"):
+        assert report.op_counts[op] >= 1
+    assert report.shape_checked == report.operators  # every op here has a rule
+    assert "OK" in str(report)
+    path = cover[0].save(tmp_path / "m.circle")
+    assert circle_fx.verify(path).operators == report.operators
+    assert circle_fx.verify(cover[0]).tensors == report.tensors
+
+
+def test_roundtrip_through_object_api_still_verifies(good):
+    circle_fx.verify(mutate(good, lambda m, sg: None))
+
+
+# -------------------------------------------------------------------- test hook
+def test_conftest_hook_verifies_every_run_and_save(cover, tmp_path):
+    import os
+
+    if os.environ.get("CIRCLE_FX_VERIFY", "1") == "0":
+        pytest.skip("hook disabled by CIRCLE_FX_VERIFY=0")
+    assert hasattr(CircleModel.run, "__wrapped__") and hasattr(CircleModel.save, "__wrapped__")
+    cm, model, inputs = cover
+    bad = mutate(cm.to_bytes(), lambda m, sg: setattr(sg.operators[0], "inputs", np.array([99, 0])))
+    broken = CircleModel(cm.builder, Serialized(memoryview(bad)), cm.report, cm.program)
+    with pytest.raises(VerifyError, match="out of range"):
+        broken.run(*inputs)
+    with pytest.raises(VerifyError):
+        broken.save(tmp_path / "broken.circle")
+
+
+# ------------------------------------------------------------------ corruptions
+def test_not_a_circle_file():
+    with pytest.raises(VerifyError, match="not a Circle file"):
+        circle_fx.verify(b"garbage!" * 4)
+    with pytest.raises(VerifyError, match="no such file"):
+        circle_fx.verify("/nonexistent/model.circle")
+
+
+def test_bad_tensor_index(good):
+    def f(m, sg):
+        sg.operators[3].inputs[0] = len(sg.tensors) + 5
+    assert_problem(mutate(good, f), "operator 3", "out of range")
+
+
+def test_bad_output_index_and_graph_output(good):
+    def f(m, sg):
+        sg.outputs[0] = 1000
+    assert_problem(mutate(good, f), "graph output", "out of range")
+
+
+def test_bad_buffer_index(good):
+    def f(m, sg):
+        sg.tensors[2].buffer = len(m.buffers) + 1
+    assert_problem(mutate(good, f), "tensor 2", "buffer index")
+
+
+def test_bad_opcode_index(good):
+    def f(m, sg):
+        sg.operators[1].opcodeIndex = len(m.operatorCodes) + 3
+    assert_problem(mutate(good, f), "operator 1", "opcode index")
+
+
+def test_input_used_before_produced(good):
+    def f(m, sg):
+        # move the FULLY_CONNECTED before the ADD that feeds it
+        i, fc = first_op(m, sg, "FULLY_CONNECTED")
+        j, _ = first_op(m, sg, "ADD")
+        sg.operators.insert(j, sg.operators.pop(i))
+    assert_problem(mutate(good, f), "FULLY_CONNECTED", "used before it is produced", "later by operator")
+
+
+def test_input_never_produced(good):
+    def f(m, sg):
+        t = circle.Tensor.TensorT()
+        t.name, t.shape, t.type, t.buffer = "orphan", [2, 3, 8], circle.TensorType.TensorType.FLOAT32, 0
+        sg.tensors.append(t)
+        _, add = first_op(m, sg, "ADD")
+        add.inputs[1] = len(sg.tensors) - 1
+    assert_problem(mutate(good, f), "'orphan'", "no operator produces it")
+
+
+def test_output_produced_twice(good):
+    def f(m, sg):
+        sg.operators[1].outputs[0] = sg.operators[0].outputs[0]
+    assert_problem(mutate(good, f), "operator 1", "already produced by operator 0")
+
+
+def test_wrong_constant_buffer_size(good):
+    def f(m, sg):
+        _, fc = first_op(m, sg, "FULLY_CONNECTED")
+        w = sg.tensors[fc.inputs[1]]
+        m.buffers[w.buffer].data = m.buffers[w.buffer].data[:-4]
+    assert_problem(mutate(good, f), "buffer holds 252 bytes", "needs 256")
+
+
+def test_missing_options_table(good):
+    def f(m, sg):
+        _, add = first_op(m, sg, "ADD")
+        add.builtinOptionsType, add.builtinOptions = 0, None
+    assert_problem(mutate(good, f), "ADD", "AddOptions")
+
+
+def test_missing_tensor_name(good):
+    def f(m, sg):
+        sg.tensors[5].name = ""
+    assert_problem(mutate(good, f), "tensor 5", "no name")
+
+
+def test_signature_problems(good):
+    def dup(m, sg):
+        m.signatureDefs[0].inputs[1].name = m.signatureDefs[0].inputs[0].name
+    assert_problem(mutate(good, dup), "signature input names repeat")
+
+    def wrong(m, sg):
+        m.signatureDefs[0].outputs[0].tensorIndex = 3
+    assert_problem(mutate(good, wrong), "signature outputs point at tensors")
+
+    def none(m, sg):
+        m.signatureDefs = []
+    assert_problem(mutate(good, none), "no signature def")
+
+
+# ---------------------------------------------------------------------- shapes
+@pytest.mark.parametrize("op", ["ADD", "MUL", "FULLY_CONNECTED", "RESHAPE", "RMS_NORM", "TRANSPOSE",
+                                "BATCH_MATMUL", "SOFTMAX", "STRIDED_SLICE", "CONCATENATION", "GATHER",
+                                "MEAN", "SUM"])
+def test_wrong_output_shape_is_caught(good, op):
+    def f(m, sg):
+        _, o = first_op(m, sg, op)
+        t = sg.tensors[o.outputs[0]]
+        t.shape[-1] += 1
+        if t.shapeSignature is not None:
+            t.shapeSignature[-1] = t.shape[-1]
+    assert_problem(mutate(good, f), op)
+
+
+def test_non_broadcastable_inputs(good):
+    def f(m, sg):
+        _, mul = first_op(m, sg, "MUL")
+        sg.tensors[mul.inputs[1]].shape = np.array([1, 1, 5])
+    # the constant's buffer no longer fits either; both are reported
+    problems = problems_of(mutate(good, f))
+    assert any("do not broadcast" in p for p in problems), problems
+    assert any("buffer holds" in p for p in problems), problems
+
+
+def test_bad_transpose_perm(good):
+    def f(m, sg):
+        _, tr = first_op(m, sg, "TRANSPOSE")
+        m.buffers[sg.tensors[tr.inputs[1]].buffer].data = np.array([0, 1, 1], np.int32).view(np.uint8)
+    assert_problem(mutate(good, f), "TRANSPOSE", "not a permutation")
+
+
+def test_fc_in_features_mismatch(good):
+    def f(m, sg):
+        _, fc = first_op(m, sg, "FULLY_CONNECTED")
+        w = sg.tensors[fc.inputs[1]]
+        w.shape = np.array([16, 4])  # same byte count, wrong in-features
+    assert_problem(mutate(good, f), "FULLY_CONNECTED", "in-features")
+
+
+def test_fc_needs_bias_slot(good):
+    def f(m, sg):
+        _, fc = first_op(m, sg, "FULLY_CONNECTED")
+        fc.inputs = fc.inputs[:2]
+    assert_problem(mutate(good, f), "FULLY_CONNECTED", "needs 3")
+
+
+def test_batch_matmul_contracted_dim_mismatch(good):
+    def f(m, sg):
+        _, bmm = first_op(m, sg, "BATCH_MATMUL")
+        bmm.builtinOptions.adjointRhs = True
+    assert_problem(mutate(good, f), "BATCH_MATMUL", "contracted dims differ")
+
+
+def test_reshape_element_count(good):
+    def f(m, sg):
+        _, r = first_op(m, sg, "RESHAPE")
+        sg.tensors[r.inputs[0]].shape[-1] += 2
+    assert_problem(mutate(good, f), "RESHAPE", "element count changes")
+
+
+def test_gather_axis_out_of_range(good):
+    def f(m, sg):
+        _, g = first_op(m, sg, "GATHER")
+        g.builtinOptions.axis = 5
+    assert_problem(mutate(good, f), "GATHER", "axis 5 out of range")
+
+
+def test_dynamic_dims_match_anything(good):
+    def f(m, sg):
+        for t in sg.tensors:
+            if m.buffers[t.buffer].data is None and len(t.shape) == 3:
+                t.shapeSignature = np.array([-1] + list(t.shape[1:]), dtype=np.int32)
+    report = circle_fx.verify(mutate(good, f))
+    assert report.dynamic
+
+
+def test_shape_signature_must_agree_with_shape(good):
+    def f(m, sg):
+        t = sg.tensors[sg.inputs[1]]
+        t.shapeSignature = np.array([-1, 4, 8], dtype=np.int32)
+    assert_problem(mutate(good, f), "shape_signature", "disagrees")
