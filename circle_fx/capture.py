@@ -155,6 +155,53 @@ def program_from_export(ep: ExportedProgram) -> Program:
                 f"the model mutates buffer {spec.target!r} in forward; Circle models are stateless"
             )
     output.args = (tuple(keep),)
+    output_names = _output_names(ep, len(keep)) or output_names
     gm.graph.lint()
     gm.recompile()
     return Program(gm=gm, input_names=input_names, output_names=output_names)
+
+
+def _output_names(ep: ExportedProgram, count: int) -> list[str] | None:
+    """Names for the Circle outputs from the model's return structure, not FX node names.
+
+    ``CausalLMOutputWithPast(logits=...)`` gives ``logits``; a dict gives its keys; a bare
+    tensor or tuple gives ``output_0``, ``output_1``... ``None`` if the structure and the
+    outputs do not line up (then node names are kept).
+    """
+    spec = getattr(ep.call_spec, "out_spec", None)
+    if spec is None:
+        return None
+    paths: list[tuple] = []
+
+    def walk(s, prefix):
+        if s.is_leaf():
+            paths.append(prefix)
+            return
+        children = s.children() if callable(getattr(s, "children", None)) else s.children_specs
+        keys = s.context
+        if isinstance(keys, type) and hasattr(keys, "_fields"):  # namedtuple
+            keys = keys._fields
+        if not (isinstance(keys, (list, tuple)) and len(keys) == len(children)
+                and all(isinstance(k, str) for k in keys)):
+            keys = range(len(children))
+        for k, c in zip(keys, children):
+            walk(c, prefix + (k,))
+
+    walk(spec, ())
+    if len(paths) != count:
+        return None
+    names: list[str] = []
+    for path in paths:
+        parts = list(path)
+        while parts and isinstance(parts[0], int) and any(isinstance(p, str) for p in parts):
+            parts.pop(0)  # (1, "a") -> "a": the tuple position adds nothing to a key
+        if all(isinstance(p, int) for p in parts):
+            name = "output_" + ("_".join(map(str, parts)) if parts else "0")
+        else:
+            name = "_".join(map(str, parts))
+        name = "".join(c if c.isalnum() or c in "_." else "_" for c in name)
+        base, i = name, 1
+        while name in names:
+            name, i = f"{base}_{i}", i + 1
+        names.append(name)
+    return names

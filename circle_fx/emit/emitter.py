@@ -74,6 +74,12 @@ def emit(program: Program) -> ModelBuilder:
             raise UnsupportedOpError(
                 f"output {name!r} is a graph input or a constant, not computed by any op; "
                 "Circle outputs must be produced by an operator")
-        mb.outputs.append(ctx.values[value])
+        idx = ctx.values[value]
+        tensor = mb.tensors[idx]
+        if name not in mb._names and idx not in mb.outputs:  # name the tensor too (`logits`)
+            mb._names.discard(tensor.name)
+            tensor.name = name
+            mb._names.add(name)
+        mb.outputs.append(idx)
         mb.output_names.append(name)
     return mb
