@@ -132,6 +132,25 @@ def split(ctx, node):
     if isinstance(sizes, int):
         n = shape[dim]
         sizes = [min(sizes, n - i) for i in range(0, n, sizes)]
-    outs = _multi_output(ctx, node)
-    ctx.op(BO.SPLIT_V, [ctx.tensor(x), ctx.int_const(sizes, "sizes"), ctx.int_const(dim, "axis")], outs,
-           options("SplitVOptions", numSplits=len(sizes)))
+    _split_pieces(ctx, node, x, sizes, dim)
+
+
+@lowering(aten.chunk.default)
+def chunk(ctx, node):
+    """``chunk``: like ``split``; the piece sizes come from the traced outputs (the last may be short)."""
+    x, _, dim = arguments(node)
+    dim %= len(ctx.static_shape(x))
+    _split_pieces(ctx, node, x, [int(v.shape[dim]) for v in node.meta["val"]], dim)
+
+
+def _split_pieces(ctx, node, x, sizes, dim):
+    """One SLICE per piece: onert 0.1.0's SPLIT_V returns all-zero outputs (measured), SLICE is exact."""
+    shape = ctx.static_shape(x)
+    src = ctx.tensor(x)
+    start = 0
+    for out, size in zip(_multi_output(ctx, node), sizes):
+        begin, extent = [0] * len(shape), list(shape)
+        begin[dim], extent[dim] = start, size
+        ctx.op(BO.SLICE, [src, ctx.int_const(begin, "begin"), ctx.int_const(extent, "size")], [out],
+               options("SliceOptions"))
+        start += size
