@@ -2,9 +2,12 @@
 
 Two layouts:
 
-- *inline* (default below 2 GB): each buffer's bytes go into the flatbuffer, copied once
-  straight from the numpy view into the builder's byte array (no ``tobytes``, no Python
-  lists), 16-byte aligned so the runtime can map them as float arrays;
+- *inline* (default below 2 GB): each buffer's bytes belong inside the flatbuffer,
+  16-byte aligned so the runtime can map them as float arrays. The builder works in an
+  anonymous ``mmap`` (zero pages cost nothing until touched) and large weights are not
+  copied into it at all: their vectors are left as zero-filled holes and
+  :class:`Serialized` writes the numpy arrays into those holes while streaming the file
+  (no ``tobytes``, no Python lists, no second copy of the weights in memory);
 - *external* (automatic above the 2 GB flatbuffer limit, or on request): the flatbuffer
   holds only ``Buffer.offset``/``Buffer.size``; the data follows the flatbuffer in the
   same file, each buffer aligned, and is written directly from the numpy arrays.
@@ -14,6 +17,7 @@ Either way a :class:`Serialized` describes the file without materialising it, so
 """
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass, field
 
@@ -28,19 +32,35 @@ FLATBUFFER_LIMIT = 2**31 - 1
 _INLINE_BUDGET = FLATBUFFER_LIMIT - (64 << 20)
 ALIGN = 64
 FILE_IDENTIFIER = b"CIR0"
+#: inline weights at least this big are written into their hole at save time, not copied
+_HOLE_MIN_BYTES = 4096
 
 
 @dataclass
 class Serialized:
-    """A Circle file: the flatbuffer, then (external layout) aligned weight segments."""
+    """A Circle file: the flatbuffer, then (external layout) aligned weight segments.
 
-    head: memoryview
+    ``holes`` are ``(offset, array)`` pairs for inline weight vectors whose bytes are
+    still zero in the flatbuffer; ``write_to`` streams the arrays into place, and
+    :attr:`head` fills them in memory only when someone asks for the complete bytes.
+    """
+
+    flatbuffer: memoryview
     segments: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    holes: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def head(self) -> memoryview:
+        """The complete flatbuffer (inline weights filled in; one copy, done on first use)."""
+        for off, arr in self.holes:
+            self.flatbuffer[off: off + arr.nbytes] = _bytes_view(arr)
+        self.holes = []
+        return self.flatbuffer
 
     @property
     def size(self) -> int:
         if not self.segments:
-            return len(self.head)
+            return len(self.flatbuffer)
         off, arr = self.segments[-1]
         return off + arr.nbytes
 
@@ -49,8 +69,14 @@ class Serialized:
         return bool(self.segments)
 
     def write_to(self, f) -> None:
-        f.write(self.head)
-        pos = len(self.head)
+        """Stream the file: flatbuffer pieces, weights straight from numpy, padding. O(bytes)."""
+        pos = 0
+        for off, arr in self.holes:
+            f.write(self.flatbuffer[pos:off])
+            f.write(_bytes_view(arr))
+            pos = off + arr.nbytes
+        f.write(self.flatbuffer[pos:])
+        pos = len(self.flatbuffer)
         for off, arr in self.segments:
             if off > pos:
                 f.write(b"\0" * (off - pos))
@@ -58,11 +84,11 @@ class Serialized:
             pos = off + arr.nbytes
 
     def to_bytes(self) -> bytes:
-        if not self.segments:
-            return bytes(self.head)
+        if not self.segments and not self.holes:
+            return bytes(self.flatbuffer)
         out = bytearray(self.size)
-        out[: len(self.head)] = self.head
-        for off, arr in self.segments:
+        out[: len(self.flatbuffer)] = self.flatbuffer
+        for off, arr in self.holes + self.segments:
             out[off: off + arr.nbytes] = _bytes_view(arr)
         return bytes(out)
 
@@ -87,23 +113,55 @@ def serialize(mb: ModelBuilder, external: bool | None = None, description: str =
     if external is None:
         external = weights > _INLINE_BUDGET
     if not external:
-        return Serialized(_pack(mb, description, offsets=None, reserve=weights))
+        holes: list = []
+        flat = _pack(mb, description, offsets=None, reserve=_inline_size_estimate(mb), holes=holes)
+        return Serialized(flat, holes=holes)
     consts = [(i, b) for i, b in enumerate(mb.buffers) if b is not None]
     placeholder = {i: 1 for i, _ in consts}  # non-zero so the fields are present
-    head_len = len(_pack(mb, description, offsets=placeholder, reserve=0))
+    head_len = len(_pack(mb, description, offsets=placeholder, reserve=_tables_size_estimate(mb)))
     offsets, pos = {}, head_len
     for i, arr in consts:
         pos = (pos + ALIGN - 1) // ALIGN * ALIGN
         offsets[i] = pos
         pos += arr.nbytes
-    head = _pack(mb, description, offsets=offsets, reserve=0)
+    head = _pack(mb, description, offsets=offsets, reserve=_tables_size_estimate(mb))
     assert len(head) == head_len, "flatbuffer size changed between layout passes"
     return Serialized(head, [(offsets[i], arr) for i, arr in consts])
 
 
-def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int) -> memoryview:
+def _inline_size_estimate(mb: ModelBuilder) -> int:
+    """An upper estimate of the inline flatbuffer's size, so the builder never grows.
+
+    ``flatbuffers.Builder`` grows by allocating twice the size and copying everything,
+    which for a 500 MB model cost seconds and a transient 3x of the weights; reserving
+    the weights plus generous per-table room up front avoids every regrowth. O(tensors).
+    """
+    return mb.weight_bytes() + _tables_size_estimate(mb)
+
+
+def _tables_size_estimate(mb: ModelBuilder) -> int:
+    tables = sum(len(t.name) + 8 * len(t.shape) + 96 for t in mb.tensors)
+    tables += sum(8 * (len(op.inputs) + len(op.outputs)) + 160 for op in mb.operators)
+    return 32 * len(mb.buffers) + tables + (1 << 16)
+
+
+def _mmap_builder(size: int) -> flatbuffers.Builder:
+    """A builder over an anonymous mmap: untouched pages (the weight holes) use no RAM."""
+    size = min(flatbuffers.Builder.MAX_BUFFER_SIZE, max(4096, size))
+    b = flatbuffers.Builder(0)
+    b.Bytes = mmap.mmap(-1, size)
+    b.head = size
+    return b
+
+
+def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int,
+          holes: list | None = None) -> memoryview:
+    """Build the flatbuffer. With ``holes`` given, large inline weights are not copied:
+    ``(file offset, array)`` pairs for them are appended to ``holes`` instead. O(tensors + ops)
+    plus one copy of the small constants."""
     C = circle
-    b = flatbuffers.Builder(max(1024, reserve + (1 << 16)))
+    b = _mmap_builder(reserve)
+    pending = []
     buffer_tables = []
     for i, arr in enumerate(mb.buffers):
         if arr is None:
@@ -111,7 +169,7 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
             buffer_tables.append(_Prebuilt(C.Buffer.BufferEnd(b)))
             continue
         if offsets is None:
-            data = _vector(b, arr)
+            data = _vector(b, arr, pending if holes is not None else None)
             C.Buffer.BufferStart(b)
             C.Buffer.BufferAddData(b, data)
         else:
@@ -175,7 +233,10 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
     m.buffers = buffer_tables
     m.signatureDefs = [sig]
     b.Finish(m.Pack(b), file_identifier=FILE_IDENTIFIER)
-    return memoryview(b.Bytes)[b.Head():]
+    start = b.Head()
+    if holes is not None:
+        holes.extend(sorted(((pos - start, arr) for pos, arr in pending), key=lambda h: h[0]))
+    return memoryview(b.Bytes)[start:]
 
 
 _OPTION_ALIASES = {"MEAN": "ReducerOptions", "SUM": "ReducerOptions", "REDUCE_MAX": "ReducerOptions",
@@ -211,13 +272,19 @@ def _tensor_map(name: str, index: int):
     return tm
 
 
-def _vector(b: flatbuffers.Builder, arr: np.ndarray) -> int:
-    """Write ``arr``'s bytes as a ubyte vector, 16-byte aligned, with a single copy."""
-    view = _bytes_view(arr)
-    n = len(view)
+def _vector(b: flatbuffers.Builder, arr: np.ndarray, pending: list | None = None) -> int:
+    """Write ``arr``'s bytes as a ubyte vector, 16-byte aligned, with at most one copy.
+
+    With ``pending`` given, a large array is not copied: its (zero) region is reserved
+    and ``(builder position, arr)`` recorded so the writer streams it in later.
+    """
+    n = arr.nbytes
     b.StartVector(1, n, 16)
     b.head = b.head - n
-    b.Bytes[b.head: b.head + n] = view
+    if pending is not None and n >= _HOLE_MIN_BYTES:
+        pending.append((b.head, arr))
+    else:
+        b.Bytes[b.head: b.head + n] = _bytes_view(arr)
     return b.EndVector()
 
 
