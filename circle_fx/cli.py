@@ -1,0 +1,199 @@
+"""The ``circle-fx`` command line: ``export``, ``inspect`` and ``explain``.
+
+Models are named as ``MODULE:FACTORY``, where ``MODULE`` is a dotted module name or a
+path to a ``.py`` file and ``FACTORY()`` returns ``(model, example_inputs)``. A factory is
+the one thing a command line cannot avoid: a PyTorch model is code plus example inputs,
+not a file.
+
+Every error circle_fx raises on purpose (:class:`~circle_fx.errors.CircleFxError`) is
+printed as one message on stderr with exit code 1; no traceback unless ``--traceback``.
+Nothing is written unless the export succeeded (``CircleModel.save`` is atomic).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Sequence
+
+from .errors import CircleFxError, InputError
+
+
+def load_factory(spec: str):
+    """Resolve ``MODULE:FACTORY`` to the factory callable (``InputError`` if it cannot)."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"expected MODULE:FACTORY (e.g. my_models.py:build or circle_fx.demo:tiny_llama), got {spec!r}")
+    if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
+        module = _import_path(module_name)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name and module_name.startswith(e.name):  # the module itself, not one it imports
+                raise InputError(f"no module named {module_name!r} (for a file, give its path ending in .py)") from e
+            raise InputError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from e
+        except Exception as e:
+            raise InputError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from e
+    factory = module
+    for part in attr.split("."):
+        if not hasattr(factory, part):
+            raise InputError(f"{module_name!r} has no attribute {attr!r}")
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise InputError(f"{spec}: {attr!r} is not callable (got {type(factory).__name__})")
+    return factory
+
+
+def _import_path(path: str):
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    name = "_circle_fx_user_" + "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise InputError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    # the file's own directory on sys.path, as `python file.py` would have it, for sibling imports
+    directory = os.path.dirname(os.path.abspath(path))
+    added = directory not in sys.path
+    if added:
+        sys.path.insert(0, directory)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise InputError(f"importing {path} failed: {type(e).__name__}: {e}") from e
+    finally:
+        if added:
+            sys.path.remove(directory)
+    return module
+
+
+def build_model(spec: str):
+    """Call the factory named by ``spec``; returns ``(model, example_inputs)``."""
+    factory = load_factory(spec)
+    try:
+        result = factory()
+    except CircleFxError:
+        raise
+    except Exception as e:
+        raise InputError(f"{spec}() raised {type(e).__name__}: {e}") from e
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise InputError(f"{spec}() must return (model, example_inputs), got {type(result).__name__}"
+                         + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""))
+    return result[0], result[1]
+
+
+# ------------------------------------------------------------------------ commands
+
+def cmd_export(args) -> int:
+    import circle_fx
+
+    if not args.output.endswith(".circle"):
+        raise InputError(f"{args.output}: the output name must end in .circle (onert picks its loader by extension)")
+    model, inputs = build_model(args.model)
+    cm = circle_fx.export(model, inputs, passes=[] if args.no_fuse else None)
+    check = None
+    if args.check:
+        check = _compare_with_eager(cm, model, inputs)
+        if not check <= args.atol:
+            raise CircleFxError(f"--check: onert differs from torch eager by {check:.3g} "
+                                f"(more than --atol {args.atol:g}); nothing was written")
+    path = cm.save(args.output)
+    print(f"wrote {path} ({cm.size:,} bytes, {len(cm.builder.operators)} operators, "
+          f"{len(cm.report.fusions)} fusions)")
+    if check is not None:
+        print(f"onert vs torch eager: max abs diff {check:.3g}")
+    if args.summary:
+        print(cm.summary())
+    return 0
+
+
+def _compare_with_eager(cm, model, inputs) -> float:
+    import numpy as np
+    import torch
+    import torch.utils._pytree as pytree
+
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    tensor_inputs = [x for x in inputs if isinstance(x, torch.Tensor)]
+    got = cm.run(*tensor_inputs)
+    with torch.no_grad():
+        want = [x for x in pytree.tree_leaves(model(*inputs)) if isinstance(x, torch.Tensor)]
+    if len(want) != len(got):
+        raise CircleFxError(f"--check: eager returned {len(want)} tensors, the Circle model {len(got)}")
+    return max((float(np.abs(g.astype(np.float64) - w.detach().numpy().astype(np.float64)).max())
+                for g, w in zip(got, want) if w.numel()), default=0.0)
+
+
+def cmd_inspect(args) -> int:
+    from .inspect_circle import SECTIONS, inspect_file
+
+    sections = SECTIONS if not args.only else tuple(args.only)
+    print(inspect_file(args.file, sections))
+    return 0
+
+
+def cmd_explain(args) -> int:
+    try:
+        from .explain import explain
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.explain":
+            raise
+        raise CircleFxError("explain is not available in this version of circle_fx") from e
+    model, inputs = build_model(args.model)
+    print(explain(model, inputs).format())
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="circle-fx",
+        description="Compile unpatched PyTorch models to Circle (Samsung ONE).",
+        epilog="MODEL is MODULE:FACTORY; MODULE is a dotted module or a path to a .py file, "
+               "and FACTORY() returns (model, example_inputs). Try: circle-fx export "
+               "circle_fx.demo:tiny_llama -o tiny.circle")
+    p.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    e = sub.add_parser("export", help="convert a model to a .circle file")
+    e.add_argument("model", metavar="MODEL", help="MODULE:FACTORY returning (model, example_inputs)")
+    e.add_argument("-o", "--output", required=True, help="output path (must end in .circle)")
+    e.add_argument("--summary", action="store_true", help="print the model summary")
+    e.add_argument("--check", action="store_true",
+                   help="run the result in onert and compare with torch eager before writing")
+    e.add_argument("--atol", type=float, default=1e-4, help="--check tolerance (default 1e-4)")
+    e.add_argument("--no-fuse", action="store_true",
+                   help="run no optimisation passes (only the mandatory folding and DCE)")
+    e.set_defaults(func=cmd_export)
+
+    i = sub.add_parser("inspect", help="print a .circle file's operators, tensors and buffers")
+    i.add_argument("file", help="a .circle file")
+    i.add_argument("--only", action="append", choices=["operators", "tensors", "buffers"],
+                   help="show only this table (repeatable)")
+    i.set_defaults(func=cmd_inspect)
+
+    x = sub.add_parser("explain", help="show which fusions applied, and why others did not")
+    x.add_argument("model", metavar="MODEL", help="MODULE:FACTORY returning (model, example_inputs)")
+    x.set_defaults(func=cmd_explain)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CircleFxError as e:
+        if args.traceback:
+            raise
+        print(f"circle-fx {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
