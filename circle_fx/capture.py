@@ -16,6 +16,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 from .errors import CaptureError, InputError
 from .program import Program, add_constant
 
+try:  # generates the module's Python code only when it is called (passes recompile often, emit never runs it)
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModule
+except ImportError:  # pragma: no cover - older/newer torch without it
+    _GraphModule = fx.GraphModule
+
 
 def normalize_inputs(model, example_inputs, example_kwargs) -> tuple[tuple, dict]:
     if not isinstance(model, torch.nn.Module):
@@ -111,7 +116,7 @@ def program_from_export(ep: ExportedProgram) -> Program:
     graph = fx.Graph()
     out = graph.graph_copy(ep.graph, {})  # shallow-copies node.meta; the export stays intact
     graph.output(out)
-    gm = fx.GraphModule(torch.nn.Module(), graph)
+    gm = _GraphModule(torch.nn.Module(), graph)
     sig = ep.graph_signature
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = dict(ep.state_dict)
