@@ -33,3 +33,22 @@ if _os.environ.get("CIRCLE_FX_VERIFY", "1") != "0":
     _CircleModel.run = _verified_run(_CircleModel.run)
     _CircleModel.save = _verified_save(_CircleModel.save)
 # ----------------------------------------------------------------------------------------
+
+
+# --- shared models -----------------------------------------------------------------------
+import pytest as _pytest
+
+
+@_pytest.fixture(scope="session")
+def tiny_llama():
+    """``(model, (input_ids,))``: the 2-layer random-weight Llama of ``make demo``."""
+    from circle_fx.demo import tiny_llama as build
+
+    return build()
+
+
+@_pytest.fixture(scope="session")
+def tiny_llama_circle(tiny_llama):
+    """The tiny Llama exported with the default pipeline (shared: treat as read-only)."""
+    model, inputs = tiny_llama
+    return _cfx.export(model, inputs)
