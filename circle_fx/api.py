@@ -10,6 +10,7 @@ from .emit.writer import serialize
 from .model import CircleModel, ExportReport
 from .passes import default_pipeline, finalize_pipeline, run_passes
 from .program import Program
+from .progress import NullProgress, print_timings, progress_for
 
 
 def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None) -> Program:
@@ -21,33 +22,46 @@ def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None) -> 
 
 def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes: Any = None,
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
-           verbose: bool = False) -> CircleModel:
+           verbose: bool | None = None) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
     :func:`circle_fx.default_pipeline` to extend it instead). ``external_weights`` forces
     (True) or forbids (False) storing weights after the flatbuffer; by default they are
     stored outside only when they exceed the 2 GB flatbuffer limit.
+    ``verbose``: ``None`` shows a progress bar on a terminal once the conversion takes
+    over a second; ``True`` shows it at once and prints stage timings to stderr;
+    ``False`` is silent. No bar is drawn when stderr is not a TTY.
     """
     report = ExportReport()
-    t0 = time.perf_counter()
-    program = capture(model, example_inputs, example_kwargs, dynamic_shapes)
-    t1 = time.perf_counter()
-    return lower(program, passes=passes, external_weights=external_weights, report=report,
-                 capture_seconds=t1 - t0)
+    with progress_for(verbose) as progress:
+        progress.stage("torch.export", 1)
+        t0 = time.perf_counter()
+        program = capture(model, example_inputs, example_kwargs, dynamic_shapes)
+        t1 = time.perf_counter()
+        progress.update()
+        cm = lower(program, passes=passes, external_weights=external_weights, report=report,
+                   capture_seconds=t1 - t0, progress=progress)
+    if verbose:
+        print_timings(report.timings)
+    return cm
 
 
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
-          capture_seconds: float = 0.0) -> CircleModel:
+          capture_seconds: float = 0.0, progress: NullProgress | None = None) -> CircleModel:
     """Run passes over an already captured :class:`Program` and emit it."""
     report = report or ExportReport()
+    progress = progress or NullProgress()
     t1 = time.perf_counter()
     pipeline = default_pipeline() if passes is None else list(passes)
-    run_passes(program, pipeline, report.pass_timings)
-    run_passes(program, finalize_pipeline(), report.pass_timings)
+    finalize = finalize_pipeline()
+    progress.stage("passes", len(pipeline) + len(finalize))
+    for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass
+        run_passes(program, [p], report.pass_timings)
+        progress.update()
     report.fusions = list(program.gm.meta.get("circle_fx.fusions", {}).values())
     t2 = time.perf_counter()
-    builder = emit(program)
+    builder = emit(program, progress=progress)
     serialized = serialize(builder, external=external_weights)
     t3 = time.perf_counter()
     report.timings = {"export": capture_seconds, "passes": t2 - t1, "emit": t3 - t2}

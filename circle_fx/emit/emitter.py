@@ -44,11 +44,15 @@ def check_supported(program: Program) -> None:
             + "\n".join(bad_dtypes[:20]) + ("\n  ..." if len(bad_dtypes) > 20 else ""))
 
 
-def emit(program: Program) -> ModelBuilder:
+def emit(program: Program, progress=None) -> ModelBuilder:
+    """Lower every node, in graph order. O(nodes); ``progress`` (see
+    :mod:`circle_fx.progress`) is ticked once per node."""
     check_supported(program)
     mb = ModelBuilder()
     ctx = LoweringContext(program, mb)
     graph: fx.Graph = program.gm.graph
+    if progress is not None:
+        progress.stage("emit", len(graph.nodes))
     for n in graph.nodes:
         if n.op == "placeholder":
             ctx.node = n
@@ -56,6 +60,8 @@ def emit(program: Program) -> ModelBuilder:
             mb.inputs.append(idx)
             mb.input_names.append(n.name)
     for n in graph.nodes:
+        if progress is not None:
+            progress.update()
         if n.op != "call_function":
             continue
         ctx.node = n
