@@ -15,6 +15,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from .errors import CaptureError, InputError
 from .program import Program, add_constant
+from .source import source_line
 
 try:  # generates the module's Python code only when it is called (passes recompile often, emit never runs it)
     from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModule
@@ -83,32 +84,78 @@ def _check_arity(model, args: tuple, kwargs: dict) -> None:
         ) from None
 
 
+#: (pattern in torch's message, what it means for the user) — checked in order
+_KNOWN_EXPORT_FAILURES = [
+    (("data-dependent", "GuardOnDataDependent", "data dependent"),
+     "the model's control flow depends on a tensor's *value* (a Python if/while, bool() or .item() "
+     "on a tensor). A Circle graph is fixed: compute both branches and pick with torch.where(), "
+     "or make the condition a Python constant"),
+    (("Constraints violated", "specialized", "specialize"),
+     "a dimension marked dynamic in dynamic_shapes was forced to a constant by the model code; "
+     "keep that dimension static, or use torch.export.Dim.AUTO"),
+    (("Dynamo failed to run FX node", "Unsupported:"),
+     "torch.export could not trace a Python construct in forward; see the source line above"),
+]
+
+
 def _summarise_export_error(err: Exception) -> str:
+    """A few lines instead of torch's page: what failed, the user's line, and a hint."""
     text = str(err).strip()
     lines = [l for l in text.splitlines() if l.strip()]
-    head = lines[0] if lines else type(err).__name__
-    hints = [l.strip() for l in lines if "hint" in l.lower() or "fix" in l.lower() or "please" in l.lower()]
-    where = [l.strip() for l in lines if l.strip().startswith("File ")]
+    head = lines[0].strip() if lines else type(err).__name__
+    if len(head) > 300:
+        head = head[:300] + " ..."
     parts = [f"torch.export could not capture the model: {type(err).__name__}: {head}"]
-    if where:
-        parts.append("  at " + where[-1])
-    if hints:
-        parts.append("  hint: " + hints[0])
-    parts.append("  (circle_fx needs a model torch.export accepts with strict=False; "
-                 "see the chained exception for torch's full message)")
+    frames = [i for i, l in enumerate(lines) if l.strip().startswith("File ")]
+    if frames:
+        i = frames[-1]
+        where = lines[i].strip()
+        if i + 1 < len(lines) and not lines[i + 1].strip().startswith(("File ", "The error above")):
+            where += ": " + lines[i + 1].strip()
+        parts.append("  at " + where)
+    hint = next((h for keys, h in _KNOWN_EXPORT_FAILURES if any(k in text or k in type(err).__name__
+                                                                 for k in keys)), None)
+    if hint is None:
+        hint = next((l.strip() for l in lines[1:] if l.strip().lower().startswith(("hint", "suggested fix"))), None)
+    if hint:
+        parts.append("  hint: " + hint)
+    parts.append("  (torch's full message is in the chained exception)")
     return "\n".join(parts)
 
 
+def _is_input_mismatch(err: Exception) -> bool:
+    """A TypeError from calling forward with the example inputs (e.g. a str for a tensor)."""
+    return type(err) is TypeError and any(k in str(err) for k in ("must be Tensor", "argument", "positional"))
+
+
+def _has_inplace_ops(ep: ExportedProgram) -> bool:
+    """In-place ops (``add_``, buffer updates) have no Circle form; functionalizing turns them
+    into plain ops and buffer updates into BUFFER_MUTATION outputs, reported below."""
+    for n in ep.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
 def export_program(model, args, kwargs, dynamic_shapes=None) -> ExportedProgram:
-    was_training = model.training
+    # restore each submodule's own flag: model.train(True) would also flip submodules the
+    # user had put in eval mode (e.g. a frozen BatchNorm)
+    training = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
-            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            ep = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            if _has_inplace_ops(ep):
+                ep = ep.run_decompositions({})  # an empty table only functionalizes (x.mul_(2) -> mul)
+            return ep
     except Exception as e:  # torch raises many unrelated types here
+        if _is_input_mismatch(e):
+            raise InputError(f"the model rejected the example inputs: {e}") from e
         raise CaptureError(_summarise_export_error(e)) from e
     finally:
-        model.train(was_training)
+        for m, flag in training:
+            m.training = flag
 
 
 def program_from_export(ep: ExportedProgram) -> Program:
@@ -156,8 +203,9 @@ def program_from_export(ep: ExportedProgram) -> Program:
             keep.append(value)
             output_names.append(value.name)
         elif spec.kind == OutputKind.BUFFER_MUTATION:
+            where = f" at {source_line(value)}" if isinstance(value, fx.Node) else ""
             raise CaptureError(
-                f"the model mutates buffer {spec.target!r} in forward; Circle models are stateless"
+                f"the model mutates buffer {spec.target!r} in forward{where}; Circle models are stateless"
             )
     output.args = (tuple(keep),)
     output_names = _output_names(ep, len(keep)) or output_names

@@ -28,7 +28,9 @@ def check_supported(program: Program) -> None:
         if n.op in ("placeholder", "call_function", "get_attr"):
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor) and v.dtype not in TORCH_TO_CIRCLE:
-                bad_dtypes.append(f"  %{n.name}: {v.dtype} at {source_line(n)}")
+                where = ("model input" if n.op == "placeholder" else
+                         f"constant {n.target!r}" if n.op == "get_attr" else f"at {source_line(n)}")
+                bad_dtypes.append(f"  %{n.name}: {v.dtype} {where}")
     if missing:
         by_op: dict[str, list] = {}
         for op, name, src in missing:

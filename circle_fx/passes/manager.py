@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 from ..errors import CircleFxError, PassError
 from ..program import Program
 from .base import pass_name
+from .validate import check_meta, is_builtin_pass
 
 
 class Pipeline(list):
@@ -55,6 +56,7 @@ def run_passes(program: Program, passes: Iterable[Callable], timings: dict | Non
         if not callable(p):
             raise PassError(f"pass {name!r} is not callable (got {type(p).__name__})")
         start = time.perf_counter()
+        before = set(program.gm.graph.nodes)
         try:
             result = p(program)
         except CircleFxError:
@@ -64,8 +66,10 @@ def run_passes(program: Program, passes: Iterable[Callable], timings: dict | Non
         try:
             program.gm.graph.lint()
         except Exception as e:
-            raise PassError(f"pass {name!r} left the graph invalid: {e}") from e
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PassError(f"pass {name!r} left the graph invalid: {first}") from e
         _check_outputs(program, name)
+        check_meta(program, name, before, deep=not is_builtin_pass(p))
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
         changed |= bool(result)
