@@ -1,2 +1,3 @@
 """Built-in lowerings, grouped by kind; importing this package registers them all."""
 from . import attention, elementwise, linear, norm, reduce, shape  # noqa: F401
+from . import clamp, gather, repeat, topk  # noqa: F401  (model families: MoE routing, GPT-OSS)
