@@ -99,10 +99,15 @@ FAMILIES = [
     Family("t5_v1_1_encoder", _t5_encoder(feed_forward_proj="gated-gelu"), output="last_hidden_state",
            notes={"POW": "T5 v1.1's gelu_new computes x**3 (GELU tanh approximation), not a norm"}),
     Family("gpt_oss", _causal_lm("GptOssConfig", "GptOssForCausalLM", **GPT_OSS),
-           xfail="GPT-OSS's MoE experts (transformers' default 'grouped_mm' experts implementation) "
-                 "sort tokens by expert at run time: topk, sort, histc, cumsum, index_put and the "
-                 "opaque transformers::grouped_mm_fallback custom op have no Circle lowering (onert "
-                 "has no CUMSUM kernel), and the attention sinks need aten.max.dim"),
+           xfail="GPT-OSS with transformers' default 'grouped_mm' experts implementation: the MoE "
+                 "sorts tokens by expert at run time (sort, histc, cumsum, floor_divide, empty_like, "
+                 "index_put) and multiplies through the opaque transformers::grouped_mm_fallback "
+                 "custom op over data-dependent group offsets; none has a Circle lowering and onert "
+                 "0.1.0 has no CUMSUM kernel. The 'batched_mm' experts implementation lowers "
+                 "(gpt_oss_batched_mm)."),
+    # the same model with a public transformers option: experts gathered per token, no sorting
+    Family("gpt_oss_batched_mm", _causal_lm("GptOssConfig", "GptOssForCausalLM", **GPT_OSS,
+                                            experts_implementation="batched_mm")),
 ]
 
 BY_NAME = {f.name: f for f in FAMILIES}
