@@ -149,6 +149,10 @@ def _emit_rms(m: Match, graph: fx.Graph, weight) -> fx.Node:
         ws = shape_of(weight)
         if len(ws) != 1:
             weight = make_node(graph, aten.reshape.default, (weight, [ws[-1]]), like=root)
+        if dtype_of(weight) != dtype_of(x) and dtype_of(weight).itemsize <= dtype_of(x).itemsize:
+            # exact widening, folded at compile time for constant weights, so the runtime
+            # never converts (onert cannot CAST from float16)
+            weight = make_node(graph, aten._to_copy.default, (weight,), {"dtype": dtype_of(x)}, like=root)
     node = make_node(graph, rms_norm, (x, weight, _eps_value(m["eps"])), like=root)
     if dtype_of(node) != out_dtype:
         node = make_node(graph, aten._to_copy.default, (node,), {"dtype": out_dtype}, like=root)
