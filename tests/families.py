@@ -25,7 +25,8 @@ VOCAB = 256
 
 #: shared by every decoder family
 DECODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64)
+               num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+               pad_token_id=0, bos_token_id=1, eos_token_id=2)  # family defaults lie outside the tiny vocab
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,9 @@ FAMILIES = [
     Family("gemma2", _causal_lm("Gemma2Config", "Gemma2ForCausalLM", head_dim=16, sliding_window=4)),
     Family("gemma3_text", _causal_lm("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16, sliding_window=4,
                                      layer_types=["sliding_attention", "full_attention"])),
-    Family("phi3", _causal_lm("Phi3Config", "Phi3ForCausalLM", pad_token_id=0)),
+    Family("phi3", _causal_lm("Phi3Config", "Phi3ForCausalLM")),
     Family("olmo2", _causal_lm("Olmo2Config", "Olmo2ForCausalLM")),
-    Family("smollm3", _causal_lm("SmolLM3Config", "SmolLM3ForCausalLM", pad_token_id=0,
-                                 no_rope_layer_interval=2)),
+    Family("smollm3", _causal_lm("SmolLM3Config", "SmolLM3ForCausalLM", no_rope_layer_interval=2)),
     Family("granite", _causal_lm("GraniteConfig", "GraniteForCausalLM", embedding_multiplier=2.0,
                                  residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=4.0)),
     Family("t5_encoder", _t5_encoder(), output="last_hidden_state"),

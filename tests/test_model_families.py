@@ -66,7 +66,7 @@ def _leftover_norm_nodes(program) -> list[str]:
 
 
 @pytest.mark.parametrize("family", _params())
-def test_family_fuses_every_rms_norm_and_matches_eager(family: Family):
+def test_family_fuses_every_rms_norm_and_matches_eager(family: Family, record_property):
     model = family.build()
     ids = torch.randint(0, VOCAB, (1, SEQ_LEN), generator=torch.Generator().manual_seed(SEED))
     ref, executed_norms, unused = _eager_with_norm_calls(model, ids, family)
@@ -90,6 +90,7 @@ def test_family_fuses_every_rms_norm_and_matches_eager(family: Family):
     expected = ref.numpy()
     assert out.shape == expected.shape
     diff = float(np.abs(out - expected).max())
+    record_property("max_abs_diff", diff)
     np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL,
                                err_msg=f"{family.name}: max abs diff {diff:.3g}")
     # the comparison must be able to fail: outputs are not (near) constant
