@@ -116,38 +116,7 @@ def merge_duplicate_casts(n, g):
     return None
 
 
-def inplace_to_functional(n, g):
-    """``x.add_(y)`` -> ``add(x, y)`` when ``x`` is a fresh temporary.
-
-    torch.export's graph keeps in-place ops written on temporaries (T5's
-    ``relative_buckets += ...``) and already routes later reads to the in-place node's
-    result, so only the mutated input itself changes meaning. That is safe to drop when
-    ``x`` is computed by a non-aliasing op (not an input, a weight or a view of
-    another tensor); the functional op can then be folded and lowered like any other."""
-    schema = getattr(n.target, "_schema", None)
-    if schema is None or not schema.name.endswith("_") or not schema.arguments:
-        return None
-    info = schema.arguments[0].alias_info
-    x = n.args[0] if n.args else None
-    if info is None or not info.is_write or not isinstance(x, fx.Node) or x.op != "call_function":
-        return None
-    producer = getattr(x.target, "_schema", None)
-    if producer is None or any(r.alias_info for r in producer.returns):
-        return None
-    if any(u is not n and u > n for u in x.users):
-        return None  # someone reads x after the mutation through the old name
-    packet = getattr(torch.ops.aten, schema.name.split("::")[-1][:-1], None)
-    functional = getattr(packet, n.target._overloadname, None) if packet is not None else None
-    if functional is None or functional._schema.is_mutable:
-        return None
-    new = make_node(g, functional, n.args, dict(n.kwargs), like=n)
-    if dtype_of(new) != dtype_of(n) or shape_of(new) != shape_of(n):  # in-place keeps x's dtype
-        g.erase_node(new)
-        return None
-    return new
-
-
-RULES: list[Rule] = [inplace_to_functional, merge_duplicate_casts, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt, sum_to_mean]
+RULES: list[Rule] = [merge_duplicate_casts, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt, sum_to_mean]
 
 
 class Canonicalize(Pass):
