@@ -231,3 +231,27 @@ def test_non_callable_pass_is_rejected(model_and_input):
     model, inputs = model_and_input
     with pytest.raises(PassError, match="not callable"):
         circle_fx.export(model, inputs, passes=["fuse_rms_norm"])
+
+
+# ------------------------------------------------------------------------------ README
+
+def _readme_python_blocks() -> list[str]:
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_examples_run(tmp_path, monkeypatch, capsys):
+    """The README's API and custom-pass examples are executed as written."""
+    blocks = _readme_python_blocks()
+    assert len(blocks) >= 2 and any("insert_after" in b for b in blocks)
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
+    assert (tmp_path / "llama.circle").exists()
+    printed = capsys.readouterr().out
+    names = str(default_pipeline().names())
+    assert names in printed
+    assert any(f"# {names}" in b for b in blocks)  # the README comment shows the real pass names
