@@ -79,7 +79,9 @@ def _t5_encoder(**overrides) -> Callable[[], torch.nn.Module]:
     return build
 
 
-GPT_OSS = dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=4)
+# max_position_embeddings matches the YaRN factor of the default rope config (else transformers warns)
+GPT_OSS = dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=4,
+               max_position_embeddings=131072)
 
 FAMILIES = [
     Family("llama", _causal_lm("LlamaConfig", "LlamaForCausalLM")),
