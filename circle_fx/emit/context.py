@@ -57,8 +57,36 @@ class LoweringContext:
     def int_const(self, values, name: str = "shape") -> int:
         return self.const(np.asarray(values, dtype=np.int32), name)
 
-    def new_tensor(self, shape, dtype: torch.dtype, name: str = "t") -> int:
-        return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()))
+    def new_tensor(self, shape, dtype: torch.dtype, name: str = "t", signature=None) -> int:
+        """An intermediate tensor; ``signature`` (-1 for dynamic dims) when its shape varies."""
+        return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()), 0,
+                                       signature)
+
+    def like(self, node, name: str = "t", dtype: torch.dtype | None = None) -> int:
+        """An intermediate tensor shaped like ``node`` (dynamic dims included)."""
+        shape, sig = self.shape_of(node)
+        return self.new_tensor(shape, dtype or self.dtype(node), name, sig)
+
+    def rank(self, value) -> int:
+        return len(val(value).shape)
+
+    def is_dynamic(self, value) -> bool:
+        return self.shape_of(value)[1] is not None
+
+    def shape_operand(self, node=None, shape=None, signature=None) -> int:
+        """int32 shape constant for RESHAPE to ``node``'s shape (or ``shape``/``signature``).
+
+        A dynamic dim becomes -1, which RESHAPE infers at run time; only one dim can be
+        inferred, so a shape with two dynamic dims raises a clear error.
+        """
+        if node is not None:
+            shape, signature = self.shape_of(node)
+        if signature is None:
+            return self.int_const(list(shape))
+        if sum(1 for d in signature if d == -1) > 1:
+            raise self.error(f"reshaping to {signature} needs more than one dynamic dim (-1) inferred at run "
+                             "time, which Circle's RESHAPE cannot do; mark at most one of these dims dynamic")
+        return self.int_const(list(signature))
 
     def output(self, node: fx.Node | None = None) -> int:
         """The tensor that holds ``node``'s result (created on first use)."""

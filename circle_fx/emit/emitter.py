@@ -6,13 +6,14 @@ emitted (or written) for a graph that cannot be lowered.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.fx as fx
 
 from ..errors import CircleFxError, UnsupportedDtypeError, UnsupportedOpError
 from ..program import Program
 from ..source import op_name, source_line
-from .builder import ModelBuilder
+from .builder import BO, ModelBuilder
 from .context import LoweringContext
 from .registry import lowering_for
 from .types import TORCH_TO_CIRCLE
@@ -44,6 +45,23 @@ def check_supported(program: Program) -> None:
         raise UnsupportedDtypeError(
             "tensors with dtypes Circle cannot hold (cast the model to float32, e.g. model.float()):\n"
             + "\n".join(bad_dtypes[:20]) + ("\n  ..." if len(bad_dtypes) > 20 else ""))
+
+
+def _output_copy(mb: ModelBuilder, idx: int) -> int:
+    """A tensor of its own for a graph output, written by a RESHAPE after every other op.
+
+    Needed when the value is also read by later operators (onert 0.1.0 reuses such an
+    output's memory and returns a later op's result in it), is already another output,
+    or is a graph input or constant (which no operator produces).
+    """
+    t = mb.tensors[idx]
+    out = mb.add_tensor(f"{t.name}_out", t.shape, t.type, 0, t.shape_signature)
+    shape = t.shape_signature if t.shape_signature is not None else t.shape
+    if sum(1 for d in shape if d == -1) > 1:
+        mb.add_operator(BO.CAST, [idx], [out])  # RESHAPE could infer only one dynamic dim
+    else:
+        mb.add_operator(BO.RESHAPE, [idx, mb.add_constant(f"{t.name}_out/shape", np.array(shape, np.int32))], [out])
+    return out
 
 
 def emit(program: Program, progress=None) -> ModelBuilder:
@@ -78,11 +96,11 @@ def emit(program: Program, progress=None) -> ModelBuilder:
     ctx.node = None
     outs = graph.output_node().args[0]
     for value, name in zip(outs, program.output_names):
-        if value not in ctx.values or value.op != "call_function":
-            raise UnsupportedOpError(
-                f"output {name!r} is a graph input or a constant, not computed by any op; "
-                "Circle outputs must be produced by an operator")
-        idx = ctx.values[value]
+        if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
+            raise UnsupportedOpError(f"output {name!r} is {value!r}, not a tensor; Circle outputs are tensors")
+        idx = ctx.tensor(value)
+        if idx in consumed or idx in mb.outputs or value.op != "call_function":
+            idx = _output_copy(mb, idx)
         tensor = mb.tensors[idx]
         if name not in mb._names and idx not in mb.outputs:  # name the tensor too (`logits`)
             mb._names.discard(tensor.name)

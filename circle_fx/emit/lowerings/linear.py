@@ -32,7 +32,12 @@ def linear(ctx, node):
         fc_out = ctx.output(node)
     else:
         fc_out = ctx.new_tensor([rows, out_shape[-1]], ctx.dtype(node), "fc")
-    ctx.op(BO.FULLY_CONNECTED, [ctx.tensor(x), ctx.tensor(w), bias], [fc_out],
+    xt = ctx.tensor(x)
+    if len(ctx.static_shape(x)) == 1:  # onert's FULLY_CONNECTED needs a 2-D (or more) input
+        x2 = ctx.new_tensor([1, ctx.static_shape(x)[0]], ctx.dtype(x), "in2d")
+        ctx.op(BO.RESHAPE, [xt, ctx.int_const([1, ctx.static_shape(x)[0]])], [x2])
+        xt = x2
+    ctx.op(BO.FULLY_CONNECTED, [xt, ctx.tensor(w), bias], [fc_out],
            options("FullyConnectedOptions", keepNumDims=False))
     if len(out_shape) != 2:
         ctx.op(BO.RESHAPE, [fc_out, ctx.int_const(out_shape)], [ctx.output(node)])
