@@ -95,6 +95,7 @@ def emit(program: Program, progress=None) -> ModelBuilder:
                 f"{type(e).__name__}: {e}", [(op_name(n.target), n.name, source_line(n))]) from e
     ctx.node = None
     outs = graph.output_node().args[0]
+    consumed = {i for op in mb.operators for i in op.inputs}
     for value, name in zip(outs, program.output_names):
         if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
             raise UnsupportedOpError(f"output {name!r} is {value!r}, not a tensor; Circle outputs are tensors")
