@@ -96,7 +96,7 @@ def unary(ctx, node):
 @lowering(aten.silu.default)
 def silu(ctx, node):
     x = ctx.tensor(node.args[0])
-    sig = ctx.new_tensor(ctx.shape_of(node)[0], ctx.dtype(node), "sigmoid")
+    sig = ctx.like(node, "sigmoid")
     ctx.op(BO.LOGISTIC, [x], [sig])
     ctx.op(BO.MUL, [x, sig], [ctx.output(node)], options("MulOptions"))
 

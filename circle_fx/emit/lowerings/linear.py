@@ -20,34 +20,40 @@ aten = torch.ops.aten
 @lowering(aten.linear.default)
 def linear(ctx, node):
     x, w, b = (arguments(node) + [None])[:3]
-    out_shape = ctx.static_shape(node)
     if w.op != "get_attr":
         _linear_runtime_weight(ctx, node, x, w, b)
         return
+    out_shape, out_sig = ctx.shape_of(node)
     rows = 1
     for d in out_shape[:-1]:
         rows *= d
+    # a dynamic dim anywhere before the last makes the row count dynamic
+    rows_sig = -1 if out_sig is not None and -1 in out_sig[:-1] else rows
     bias = ctx.tensor(b) if b is not None else -1
     if len(out_shape) == 2:
         fc_out = ctx.output(node)
     else:
-        fc_out = ctx.new_tensor([rows, out_shape[-1]], ctx.dtype(node), "fc")
+        fc_out = ctx.new_tensor([rows, out_shape[-1]], ctx.dtype(node), "fc",
+                                [rows_sig, out_shape[-1]] if out_sig is not None else None)
     xt = ctx.tensor(x)
-    if len(ctx.static_shape(x)) == 1:  # onert's FULLY_CONNECTED needs a 2-D (or more) input
-        x2 = ctx.new_tensor([1, ctx.static_shape(x)[0]], ctx.dtype(x), "in2d")
-        ctx.op(BO.RESHAPE, [xt, ctx.int_const([1, ctx.static_shape(x)[0]])], [x2])
+    if ctx.rank(x) == 1:  # onert's FULLY_CONNECTED needs a 2-D (or more) input
+        xs, xsig = ctx.shape_of(x)
+        sig2 = [1] + xsig if xsig is not None else None
+        x2 = ctx.new_tensor([1] + xs, ctx.dtype(x), "in2d", sig2)
+        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand(shape=[1] + xs, signature=sig2)], [x2])
         xt = x2
     ctx.op(BO.FULLY_CONNECTED, [xt, ctx.tensor(w), bias], [fc_out],
            options("FullyConnectedOptions", keepNumDims=False))
     if len(out_shape) != 2:
-        ctx.op(BO.RESHAPE, [fc_out, ctx.int_const(out_shape)], [ctx.output(node)])
+        # FULLY_CONNECTED flattens leading dims; restore them (one dynamic dim becomes -1)
+        ctx.op(BO.RESHAPE, [fc_out, ctx.shape_operand(node)], [ctx.output(node)])
 
 
 def _linear_runtime_weight(ctx, node, x, w, b):
     wshape = ctx.static_shape(w)
     wt = ctx.new_tensor([wshape[1], wshape[0]], ctx.dtype(w), "wT")
     ctx.op(BO.TRANSPOSE, [ctx.tensor(w), ctx.int_const([1, 0], "perm")], [wt])
-    out = ctx.output(node) if b is None else ctx.new_tensor(ctx.static_shape(node), ctx.dtype(node), "mm")
+    out = ctx.output(node) if b is None else ctx.like(node, "mm")
     ctx.op(BO.BATCH_MATMUL, [ctx.tensor(x), wt], [out], options("BatchMatMulOptions"))
     if b is not None:
         ctx.op(BO.ADD, [out, ctx.tensor(b)], [ctx.output(node)], options("AddOptions"))

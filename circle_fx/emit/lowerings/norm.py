@@ -1,7 +1,8 @@
 """``circle.rms_norm`` -> Circle's builtin ``RMS_NORM`` (gamma is ones when unweighted).
 
 onert's RMS_NORM kernel accepts only 3-D and 4-D inputs, so other ranks are reshaped to
-``[1, rows, D]`` around it (a free metadata change for row-major tensors).
+``[1, rows, D]`` around it (a free metadata change for row-major tensors). Inputs with a
+dynamic dim are lowered decomposed instead (see ``_decomposed``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ._common import BO, options
 def lower_rms_norm(ctx, node):
     x, weight, eps = node.args
     if weight is None:
-        d = ctx.static_shape(x)[-1]
+        d = ctx.shape_of(x)[0][-1]
         gamma = ctx.const(np.ones([d], dtype=numpy_dtype(ctx.dtype(x))), "ones")
     else:
         gamma = ctx.tensor(weight)
@@ -25,6 +26,9 @@ def lower_rms_norm(ctx, node):
             from .elementwise import operand
 
             gamma = operand(ctx, weight, ctx.dtype(x))
+    if ctx.is_dynamic(x):
+        _decomposed(ctx, node, x, gamma, eps)
+        return
     shape = ctx.static_shape(x)
     opts = options("RmsNormOptions", epsilon=float(eps))
     if len(shape) in (3, 4):
@@ -37,3 +41,26 @@ def lower_rms_norm(ctx, node):
     y3 = ctx.new_tensor(as3d, ctx.dtype(node), "out3d")
     ctx.op(BO.RMS_NORM, [x3, gamma], [y3], opts)
     ctx.op(BO.RESHAPE, [y3, ctx.int_const(shape)], [ctx.output(node)])
+
+
+def _decomposed(ctx, node, x, gamma, eps):
+    """``x * rsqrt(mean(x*x, -1) + eps) * gamma`` as MUL/MEAN/ADD/RSQRT/MUL/MUL.
+
+    onert 0.1.0's RMS_NORM cannot take dynamic shapes (its shape validator fails, or it
+    silently keeps the old shape when the input is resized), so inputs with a dynamic dim
+    use the decomposed form, which onert resizes correctly.
+    """
+    dt = ctx.dtype(x)
+    shape, sig = ctx.shape_of(x)
+    xt = ctx.tensor(x)
+    sq = ctx.like(x, "square")
+    ctx.op(BO.MUL, [xt, xt], [sq], options("MulOptions"))
+    ms = ctx.new_tensor(shape[:-1] + [1], dt, "mean_square", sig[:-1] + [1] if sig is not None else None)
+    ctx.op(BO.MEAN, [sq, ctx.int_const([len(shape) - 1], "axes")], [ms], options("ReducerOptions", keepDims=True))
+    var = ctx.new_tensor(shape[:-1] + [1], dt, "plus_eps", sig[:-1] + [1] if sig is not None else None)
+    ctx.op(BO.ADD, [ms, ctx.const(np.array(eps, dtype=numpy_dtype(dt)), "eps")], [var], options("AddOptions"))
+    inv = ctx.new_tensor(shape[:-1] + [1], dt, "rsqrt", sig[:-1] + [1] if sig is not None else None)
+    ctx.op(BO.RSQRT, [var], [inv])
+    normed = ctx.like(x, "normed")
+    ctx.op(BO.MUL, [xt, inv], [normed], options("MulOptions"))
+    ctx.op(BO.MUL, [normed, gamma], [ctx.output(node)], options("MulOptions"))
