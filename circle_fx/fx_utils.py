@@ -148,7 +148,8 @@ def make_node(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None,
     """Insert ``target(*args)`` at the graph's insertion point with its meta computed.
 
     ``like`` lends its stack trace, so errors and reports on the new node still point at
-    the user's source line.
+    the user's source line. Cost: one fake-tensor evaluation of ``target``, O(arguments)
+    graph work (see :func:`fake_mode_of`), never a scan of the graph per node.
     """
     kwargs = kwargs or {}
     node = graph.call_function(target, args, kwargs)

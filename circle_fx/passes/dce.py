@@ -2,6 +2,9 @@
 
 The second half matters for memory: after folding and fusion, the attributes of erased
 ``get_attr`` nodes would otherwise keep their tensors alive until export ends.
+
+One reverse sweep (a node's inputs come after it, so chains die in the same sweep) plus
+one pass over the attributes: O(nodes + constants).
 """
 from __future__ import annotations
 
