@@ -262,3 +262,17 @@ def test_python_dash_m_error_has_no_traceback(models_py, tmp_path):
     assert "aten.cumsum.default" in proc.stderr and "aten.sort.default" in proc.stderr
     assert proc.stdout == ""
     assert not out_path.exists()
+
+
+# -------------------------------------------------------------------------------- demo
+
+def test_demo_exports_runs_and_compares(capsys, tmp_path):
+    from circle_fx import demo
+
+    assert demo.main(["--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "tiny_llama.circle").exists()
+    diff = float(out.split("max abs diff onert vs torch eager = ")[1].split()[0])
+    assert diff <= demo.TOLERANCE
+    assert "circle_fx model summary" in out and "RMS_NORM             5" in out
+    assert "fusions applied: 5" in out
