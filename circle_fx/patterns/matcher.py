@@ -52,6 +52,9 @@ class MatchFailure:
     at: fx.Node | None = None
     progress: int = 0
     nodes: list[fx.Node] = field(default_factory=list)
+    #: name of the rule check that rejected a complete structural match (None when the
+    #: graph itself did not match)
+    check: str | None = None
 
     def __bool__(self) -> bool:
         return False
@@ -83,9 +86,11 @@ class _Attempt:
         self.root = root
         self.best: MatchFailure | None = None
 
-    def fail(self, st: _State, why, at) -> None:
-        progress = len(st.mapping)
-        if self.best is None or progress >= self.best.progress:
+    def fail(self, st: _State, why, at, complete: bool = False) -> None:
+        # a complete structural match that failed later (a leak) outranks every partial one;
+        # among equals the first wins, i.e. operands in the order the user wrote them
+        progress = len(st.mapping) + (1 if complete else 0)
+        if self.best is None or progress > self.best.progress:
             self.best = MatchFailure(self.pattern, self.root, why,
                                      at if isinstance(at, fx.Node) else None, progress, list(st.covered))
 
@@ -208,5 +213,7 @@ def match(pattern: Pattern, root: fx.Node) -> Match | MatchFailure:
         if leak is None:
             return Match(pattern, root, st.bindings, covered)
         n, user = leak
-        attempt.fail(st, lambda n=n, user=user: f"%{n.name} is also used outside the pattern by {describe(user)}", n)
-    return attempt.best or MatchFailure(pattern, root, "no match")
+        attempt.fail(st, lambda n=n, user=user: f"%{n.name} is also used outside the pattern by {describe(user)}", n,
+                     complete=True)
+    # MatchFailure is falsy, so `best or ...` would always discard the recorded failure
+    return attempt.best if attempt.best is not None else MatchFailure(pattern, root, "no match")

@@ -44,7 +44,8 @@ def try_rewrite(rule: Rewrite, root: fx.Node) -> Match | MatchFailure:
     for check in rule.checks:
         reason = check(m)
         if reason:
-            return MatchFailure(rule.pattern, root, reason, root, progress=len(m.nodes) + 1, nodes=m.nodes)
+            return MatchFailure(rule.pattern, root, reason, root, progress=len(m.nodes) + 1, nodes=m.nodes,
+                                check=getattr(check, "__name__", repr(check)))
     return m
 
 

@@ -1,0 +1,242 @@
+"""``explain``: why did (or didn't) my norm fuse?
+
+Runs the normal pass pipeline with the RMSNorm fusion recording its failed attempts, then
+looks at what is left in the graph for things that look like an unfused RMSNorm:
+
+- *candidates*: reductions (``mean``/``sum``) of a square-like value (``pow`` or ``mul``)
+  and ``rsqrt`` nodes that survived fusion, plus fused nodes whose weight multiplication
+  was refused;
+- for each candidate, every attempt rooted at most :data:`HOPS` users downstream is a
+  possible explanation (the recorded ones from the fuse pass, and a fresh attempt on the
+  final graph for roots the pass did not record because they failed at the first op);
+- the best attempt wins: one that reached the candidate; then a rule *check* failing
+  after the whole shape matched beats a shape mismatch; then one that failed on a value
+  computed from the candidate (not on some unrelated operand); then the root nearest the
+  candidate, then the one that got furthest, then the smallest pattern (simplest story).
+
+Each entry names the candidate and its source line, the rule, the failed condition, and
+where in the user's source the failure was found. ``explain`` never changes the model and
+never emits a Circle file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.fx as fx
+
+from .fx_utils import CAST_OPS, look_through
+from .ops import rms_norm
+from .passes import default_pipeline, finalize_pipeline, fuse_rms_norm, run_passes
+from .patterns.matcher import MatchFailure
+from .patterns.rewrite import try_rewrite
+from .source import describe, source_line
+
+aten = torch.ops.aten
+
+#: how far downstream of a candidate an attempt's root may be (mul, rsqrt, add, mul, mul,
+#: cast: the longest RMSNorm spelling from the reduction to its last op)
+HOPS = 6
+_REDUCTIONS = {aten.mean.dim, aten.sum.dim_IntList, aten.mean.default, aten.sum.default}
+_SQUARE_LIKE = {aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.mul.Tensor, aten.square.default}
+
+
+@dataclass
+class NearMiss:
+    """One candidate that did not (fully) fuse, and the best explanation found."""
+
+    kind: str
+    #: ``%name = aten.op`` of the candidate node
+    candidate: str
+    #: the user's source line that produced the candidate
+    source: str
+    #: the rewrite rule whose attempt got furthest (None when no rule reached the candidate)
+    rule: str | None
+    #: which condition failed, in words
+    reason: str
+    #: the source line where the failing condition was found
+    where: str | None = None
+    #: name of the failed rule check, when the shape matched and a check said no
+    check: str | None = None
+
+    def format(self) -> str:
+        lines = [f"{self.kind} candidate {self.candidate}", f"    source: {self.source}"]
+        lines.append(f"    why:    {self.reason}" + (f"  [rule {self.rule}]" if self.rule else ""))
+        if self.check:
+            lines.append(f"    check:  {self.check}")
+        if self.where and self.where != self.source:
+            lines.append(f"    at:     {self.where}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Fused:
+    kind: str
+    node: str
+    rules: list[str]
+    source: str
+
+
+@dataclass
+class ExplainResult:
+    """What ``explain`` found: the fusions applied and the near misses (``entries``)."""
+
+    fused: list[Fused] = field(default_factory=list)
+    entries: list[NearMiss] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[NearMiss]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def format(self) -> str:
+        lines = [f"fused: {len(self.fused)}"]
+        for f in self.fused:
+            lines.append(f"  {f.kind} {f.node} [{' + '.join(f.rules)}] from {f.source}")
+        lines.append(f"not fused: {len(self.entries)}")
+        for i, e in enumerate(self.entries, 1):
+            body = e.format().splitlines()
+            lines.append(f"  {i}. {body[0]}")
+            lines.extend("  " + b for b in body[1:])
+        if not self.entries:
+            lines.append("  (no near misses: every RMSNorm-like subgraph fused)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def explain(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes=None) -> ExplainResult:
+    """Capture ``model`` and report which RMSNorms fused and, for each that almost did,
+    which condition failed and where in the source."""
+    from .api import capture
+
+    program = capture(model, example_inputs, example_kwargs, dynamic_shapes)
+    return explain_program(program)
+
+
+def explain_report(model, example_inputs, **kwargs) -> str:
+    """:func:`explain` as text (what ``circle-fx explain`` prints)."""
+    return explain(model, example_inputs, **kwargs).format()
+
+
+def explain_program(program) -> ExplainResult:
+    """:func:`explain` on an already captured :class:`~circle_fx.program.Program` (modified in place)."""
+    fuse = fuse_rms_norm(record_failures=True)
+    pipeline = default_pipeline().replace("fuse_rms_norm", fuse)
+    run_passes(program, pipeline)
+    run_passes(program, finalize_pipeline())
+    graph = program.gm.graph
+    recorded = [f for f in program.notes.get("near_misses", []) if _alive(f.root)]
+    rule_names = {id(r.pattern): r.name for r in fuse.rules}
+
+    result = ExplainResult()
+    for rec in program.gm.meta.get("circle_fx.fusions", {}).values():
+        result.fused.append(Fused(rec.kind, rec.node, list(rec.rules), rec.source))
+
+    reported: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in _REDUCTIONS and _is_square_like(node.args[0]):
+            entry = _explain_candidate(node, fuse, recorded, rule_names, require_check=False)
+        elif node.target is aten.rsqrt.default and not _near(node, reported):
+            entry = _explain_candidate(node, fuse, recorded, rule_names, require_check=False)
+        elif node.target is rms_norm and node.args[1] is None:
+            # fused, but a following weight multiplication was refused by a check
+            entry = _explain_candidate(node, fuse, recorded, rule_names, require_check=True, hops=2)
+            if entry is not None:
+                entry.kind = "rms_norm weight"
+        else:
+            continue
+        if entry is not None:
+            reported.add(node)
+            result.entries.append(entry)
+    return result
+
+
+# ------------------------------------------------------------------------------ helpers
+
+def _alive(n: fx.Node) -> bool:
+    return isinstance(n, fx.Node) and not getattr(n, "_erased", False) and n.graph is not None
+
+
+def _is_square_like(v) -> bool:
+    v = look_through(v)
+    while isinstance(v, fx.Node) and v.op == "call_function" and v.target in CAST_OPS:
+        v = look_through(v.args[0])
+    return isinstance(v, fx.Node) and v.op == "call_function" and v.target in _SQUARE_LIKE
+
+
+def _downstream(node: fx.Node, hops: int) -> list[fx.Node]:
+    """``node`` and its users up to ``hops`` edges away, nearest first."""
+    seen = {node: 0}
+    frontier = [node]
+    for depth in range(1, hops + 1):
+        nxt = []
+        for n in frontier:
+            for u in n.users:
+                if u not in seen and u.op == "call_function":
+                    seen[u] = depth
+                    nxt.append(u)
+        frontier = nxt
+    return list(seen)
+
+
+def _near(node: fx.Node, reported: set) -> bool:
+    """Is a reported candidate within a few hops upstream of ``node``? (one entry per norm)"""
+    frontier, seen = [node], {node}
+    for _ in range(4):
+        nxt = []
+        for n in frontier:
+            for i in n.all_input_nodes:
+                if i in reported:
+                    return True
+                if i not in seen:
+                    seen.add(i)
+                    nxt.append(i)
+        frontier = nxt
+    return False
+
+
+def _explain_candidate(node, fuse, recorded, rule_names, require_check: bool, hops: int = HOPS):
+    roots = _downstream(node, hops)
+    depth = {n: i for i, n in enumerate(roots)}
+    failures: list[tuple[MatchFailure, str]] = [
+        (f, rule_names.get(id(f.pattern), f.pattern.name)) for f in recorded if f.root in depth]
+    for root in roots:  # fresh attempts on the final graph (cover first-op failures the pass skips)
+        for rule in fuse.rules:
+            if root.target == rule.root_target:
+                m = try_rewrite(rule, root)
+                if not m:
+                    failures.append((m, rule.name))
+    if require_check:
+        failures = [(f, r) for f, r in failures if f.check is not None and f.root in node.users]
+    if not failures and require_check:
+        return None
+
+    def rank(item):
+        f, _ = item
+        reached = node in f.nodes or f.root is node
+        # nearest root before progress: a bigger pattern rooted further down can "progress"
+        # further by binding the wrong operands (x := weight) and explain nothing
+        touched = f.at in depth  # failed on a value computed from the candidate
+        return (reached, f.check is not None, touched, -depth.get(f.root, hops), f.progress, -f.pattern.size)
+
+    kind = "rms_norm"
+    if not failures:
+        return NearMiss(kind, describe_short(node), source_line(node), None,
+                        "no RMSNorm rule is rooted near it (nothing multiplies the input by its rsqrt scale)")
+    best, rule = max(failures, key=rank)
+    reason = best.reason
+    if not (node in best.nodes or best.root is node):
+        reason = f"the nearest RMSNorm attempt did not reach it: {reason}"
+    where = source_line(best.at) if best.at is not None else None
+    return NearMiss(kind, describe_short(node), source_line(node), rule, reason, where, best.check)
+
+
+def describe_short(node: fx.Node) -> str:
+    """``%name = aten.op`` without the source (shown on its own line)."""
+    return describe(node).split(" at ", 1)[0]
