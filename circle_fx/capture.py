@@ -106,6 +106,8 @@ def _summarise_export_error(err: Exception) -> str:
     if len(head) > 300:
         head = head[:300] + " ..."
     parts = [f"torch.export could not capture the model: {type(err).__name__}: {head}"]
+    details = [l.strip() for l in lines[1:] if l.strip().startswith("- ")]  # e.g. violated constraints
+    parts.extend(f"  {d[:300]}" for d in details[:3])
     frames = [i for i, l in enumerate(lines) if l.strip().startswith("File ")]
     if frames:
         i = frames[-1]

@@ -142,10 +142,9 @@ def test_onert_float32_near_miss(flaw):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-@pytest.mark.xfail(strict=True, reason="onert 0.1.0 overwrites a model output that later ops also read "
-                                       "(here the variance buffer receives RSQRT's result); emitter issue, "
-                                       "not fusion: the FX-level test of this near miss passes")
-@pytest.mark.parametrize("flaw", ["var_used"])
+# onert 0.1.0 overwrites a model output that later ops also read (the variance buffer received
+# RSQRT's result); the emitter now gives such outputs their own tensor (emitter._output_copy)
+@pytest.mark.parametrize("flaw", ["var_used", "scale_used"])
 def test_onert_float32_interior_output(flaw):
     model = NormModule(Spelling(flaw=flaw), 16)
     x = torch.randn(2, 5, 16)

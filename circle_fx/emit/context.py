@@ -36,6 +36,9 @@ class LoweringContext:
                 idx = self.const_tensor(t, value.target)
                 self.values[value] = idx
                 return idx
+            if isinstance(val(value), torch.SymInt):
+                raise self.error(f"%{value.name} is the run-time size of a dynamic dim; using it as a tensor "
+                                 "value (e.g. arithmetic on x.shape[1]) is not supported")
             raise self.error(f"value %{value.name} is used before it is computed")
         if isinstance(value, (bool, int, float)):
             dt = dtype or (torch.bool if isinstance(value, bool) else
@@ -105,8 +108,12 @@ class LoweringContext:
         self.values[node] = index
 
     def shape_of(self, node) -> tuple[list[int], list[int] | None]:
-        """``(shape, shape_signature)``: symbolic dims become 1 and -1 respectively."""
-        v = val(node)
+        """``(shape, shape_signature)``: symbolic dims become their hint and -1 respectively."""
+        return self.shape_of_value(val(node))
+
+    @staticmethod
+    def shape_of_value(v) -> tuple[list[int], list[int] | None]:
+        """:meth:`shape_of` for a (fake) tensor, e.g. one element of a tuple-valued node."""
         shape, sig, dynamic = [], [], False
         for d in v.shape:
             if isinstance(d, int):

@@ -40,11 +40,23 @@ def check_supported(program: Program) -> None:
         for op, uses in by_op.items():
             lines.append(f"  {op}:")
             lines.extend(f"    %{name} at {src}" for name, src in uses)
+        if _has_dynamic_inputs(program):
+            lines.append("  note: the model was exported with dynamic_shapes. Ops that compute from a dynamic "
+                         "size (sym_size, arange, causal-mask construction) are folded to constants only when "
+                         "shapes are static: export without dynamic_shapes (one model per size) to avoid them")
         raise UnsupportedOpError("\n".join(lines), missing)
     if bad_dtypes:
         raise UnsupportedDtypeError(
             "tensors with dtypes Circle cannot hold (cast the model to float32, e.g. model.float()):\n"
             + "\n".join(bad_dtypes[:20]) + ("\n  ..." if len(bad_dtypes) > 20 else ""))
+
+
+def _has_dynamic_inputs(program: Program) -> bool:
+    for n in program.gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        if isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape):
+            return True
+    return False
 
 
 def _output_copy(mb: ModelBuilder, idx: int) -> int:

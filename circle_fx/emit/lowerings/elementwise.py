@@ -172,7 +172,7 @@ def where(ctx, node):
 def cast(ctx, node):
     x = node.args[0]
     if ctx.dtype(x) == ctx.dtype(node):
-        ctx.op(BO.RESHAPE, [ctx.tensor(x), ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])
+        ctx.op(BO.RESHAPE, [ctx.tensor(x), ctx.shape_operand(node)], [ctx.output(node)])
         return
     ctx.op(BO.CAST, [ctx.tensor(x)], [ctx.output(node)])
 
@@ -180,4 +180,4 @@ def cast(ctx, node):
 @lowering(aten.alias.default, aten.clone.default, aten.contiguous.default, aten.detach.default,
           aten.lift_fresh_copy.default)
 def identity(ctx, node):
-    ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])
+    ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.shape_operand(node)], [ctx.output(node)])

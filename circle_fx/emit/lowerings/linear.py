@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...fx_utils import arguments
+from ...program import fetch_attr
 from ..registry import lowering
 from ._common import BO, options
 
@@ -24,6 +25,9 @@ def linear(ctx, node):
         _linear_runtime_weight(ctx, node, x, w, b)
         return
     out_shape, out_sig = ctx.shape_of(node)
+    if out_sig is not None and out_sig[:-1].count(-1) > 1:
+        _linear_batch_matmul(ctx, node, x, w, b)
+        return
     rows = 1
     for d in out_shape[:-1]:
         rows *= d
@@ -49,6 +53,18 @@ def linear(ctx, node):
         ctx.op(BO.RESHAPE, [fc_out, ctx.shape_operand(node)], [ctx.output(node)])
 
 
+def _linear_batch_matmul(ctx, node, x, w, b):
+    """Several dynamic leading dims: FULLY_CONNECTED would flatten them and the RESHAPE back
+    could infer only one, so multiply by the transposed weight with BATCH_MATMUL instead
+    (rank-broadcast ``[..., in] x [in, out]``) and add the bias."""
+    weight = fetch_attr(ctx.program.gm, w.target).detach()
+    wt = ctx.const(weight.t().contiguous().numpy(), "weight_T")
+    out = ctx.output(node) if b is None else ctx.like(node, "mm")
+    ctx.op(BO.BATCH_MATMUL, [ctx.tensor(x), wt], [out], options("BatchMatMulOptions"))
+    if b is not None:
+        ctx.op(BO.ADD, [out, ctx.tensor(b)], [ctx.output(node)], options("AddOptions"))
+
+
 def _linear_runtime_weight(ctx, node, x, w, b):
     wshape = ctx.static_shape(w)
     wt = ctx.new_tensor([wshape[1], wshape[0]], ctx.dtype(w), "wT")
@@ -62,7 +78,7 @@ def _linear_runtime_weight(ctx, node, x, w, b):
 @lowering(aten.matmul.default, aten.bmm.default, aten.mm.default)
 def matmul(ctx, node):
     a, b = node.args[0], node.args[1]
-    if len(ctx.static_shape(a)) < 2 or len(ctx.static_shape(b)) < 2:
+    if ctx.rank(a) < 2 or ctx.rank(b) < 2:
         raise ctx.error("matmul with a 1-D operand is not supported")
     ctx.op(BO.BATCH_MATMUL, [ctx.tensor(a), ctx.tensor(b)], [ctx.output(node)], options("BatchMatMulOptions"))
 
@@ -77,6 +93,6 @@ def embedding(ctx, node):
 @lowering(aten.index_select.default)
 def index_select(ctx, node):
     x, dim, index = node.args
-    dim = dim % len(ctx.static_shape(x))
+    dim = dim % ctx.rank(x)
     ctx.op(BO.GATHER, [ctx.tensor(x), ctx.tensor(index)], [ctx.output(node)],
            options("GatherOptions", axis=dim, batchDims=0))

@@ -22,7 +22,7 @@ INT32_MAX = 2**31 - 1
           aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
           aten.unflatten.int)
 def reshape(ctx, node):
-    ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])
+    ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.shape_operand(node)], [ctx.output(node)])
 
 
 def _transpose(ctx, node, perm):
@@ -31,7 +31,7 @@ def _transpose(ctx, node, perm):
 
 @lowering(aten.transpose.int)
 def transpose(ctx, node):
-    rank = len(ctx.static_shape(node.args[0]))
+    rank = ctx.rank(node.args[0])
     a, b = node.args[1] % rank, node.args[2] % rank
     perm = list(range(rank))
     perm[a], perm[b] = perm[b], perm[a]
@@ -40,13 +40,13 @@ def transpose(ctx, node):
 
 @lowering(aten.permute.default)
 def permute(ctx, node):
-    rank = len(ctx.static_shape(node.args[0]))
+    rank = ctx.rank(node.args[0])
     _transpose(ctx, node, [d % rank for d in node.args[1]])
 
 
 @lowering(aten.t.default, aten.numpy_T.default)
 def t(ctx, node):
-    rank = len(ctx.static_shape(node.args[0]))
+    rank = ctx.rank(node.args[0])
     _transpose(ctx, node, list(reversed(range(rank))))
 
 
@@ -68,6 +68,9 @@ def expand(ctx, node):
 @lowering(aten.slice.Tensor)
 def slice_(ctx, node):
     x, dim, start, end, step = arguments(node)
+    if ctx.is_dynamic(x):
+        _slice_dynamic(ctx, node, x, dim, start, end, step)
+        return
     shape = ctx.static_shape(x)
     rank = len(shape)
     dim %= rank
@@ -83,6 +86,30 @@ def slice_(ctx, node):
     ctx.op(BO.STRIDED_SLICE, [ctx.tensor(x), ctx.int_const(begin, "begin"), ctx.int_const(ends, "end"),
                               ctx.int_const(strides, "strides")], [ctx.output(node)],
            options("StridedSliceOptions"))
+
+
+def _slice_dynamic(ctx, node, x, dim, start, end, step):
+    """STRIDED_SLICE on a tensor with dynamic dims: untouched axes use the end mask (their
+    size is unknown here); the sliced axis keeps torch's indices, negative ones included,
+    which STRIDED_SLICE resolves against the run-time size."""
+    _, sig = ctx.shape_of(x)
+    rank = len(sig)
+    dim %= rank
+    for v in (start, end, step):
+        if v is not None and not isinstance(v, int):
+            raise ctx.error(f"slice bounds that depend on a dynamic size ({v}) are not supported")
+    start = 0 if start is None else start
+    mask = ((1 << rank) - 1) & ~(1 << dim)
+    if end is None or end >= INT32_MAX:
+        mask |= 1 << dim
+        end = 0
+    elif sig[dim] != -1:
+        end = max(start, min(sig[dim], end + sig[dim] if end < 0 else end))
+    begin, ends, strides = [0] * rank, [0] * rank, [1] * rank
+    begin[dim], ends[dim], strides[dim] = max(-INT32_MAX, start), end, step
+    ctx.op(BO.STRIDED_SLICE, [ctx.tensor(x), ctx.int_const(begin, "begin"), ctx.int_const(ends, "end"),
+                              ctx.int_const(strides, "strides")], [ctx.output(node)],
+           options("StridedSliceOptions", beginMask=0, endMask=mask))
 
 
 @lowering(aten.select.int)
@@ -101,9 +128,9 @@ def select(ctx, node):
 
 @lowering(aten.cat.default, aten.concat.default)
 def cat(ctx, node):
-    tensors = [t for t in node.args[0] if ctx.static_shape(t) and 0 not in ctx.static_shape(t)]
+    tensors = [t for t in node.args[0] if ctx.shape_of(t)[0] and 0 not in ctx.shape_of(t)[0]]
     dim = arguments(node)[1]
-    rank = len(ctx.static_shape(node))
+    rank = ctx.rank(node)
     ctx.op(BO.CONCATENATION, [ctx.tensor(t) for t in tensors], [ctx.output(node)],
            options("ConcatenationOptions", axis=dim % rank))
 
@@ -118,8 +145,8 @@ def _multi_output(ctx, node):
     """Create one tensor per element of a tuple-valued node (consumed via getitem)."""
     outs = []
     for i, v in enumerate(node.meta["val"]):
-        outs.append(ctx.builder.add_tensor(f"{node.name}_{i}", list(v.shape),
-                                           circle_type(v.dtype)))
+        shape, sig = ctx.shape_of_value(v)
+        outs.append(ctx.builder.add_tensor(f"{node.name}_{i}", shape, circle_type(v.dtype), 0, sig))
     ctx.values[node] = outs
     return outs
 
@@ -127,7 +154,7 @@ def _multi_output(ctx, node):
 @lowering(aten.split_with_sizes.default, aten.split.Tensor)
 def split(ctx, node):
     x, sizes, dim = (arguments(node) + [0])[:3]
-    shape = ctx.static_shape(x)
+    shape = _split_axis_shape(ctx, x, dim)
     dim %= len(shape)
     if isinstance(sizes, int):
         n = shape[dim]
@@ -139,13 +166,22 @@ def split(ctx, node):
 def chunk(ctx, node):
     """``chunk``: like ``split``; the piece sizes come from the traced outputs (the last may be short)."""
     x, _, dim = arguments(node)
-    dim %= len(ctx.static_shape(x))
+    dim %= ctx.rank(x)
     _split_pieces(ctx, node, x, [int(v.shape[dim]) for v in node.meta["val"]], dim)
 
 
+def _split_axis_shape(ctx, x, dim):
+    """``x``'s shape with -1 for dynamic dims; the split axis itself must be static."""
+    shape, sig = ctx.shape_of(x)
+    if sig is not None and sig[dim % len(sig)] == -1:
+        raise ctx.error(f"splitting along dynamic dim {dim} of %{x.name} {sig} is not supported")
+    return sig if sig is not None else shape
+
+
 def _split_pieces(ctx, node, x, sizes, dim):
-    """One SLICE per piece: onert 0.1.0's SPLIT_V returns all-zero outputs (measured), SLICE is exact."""
-    shape = ctx.static_shape(x)
+    """One SLICE per piece: onert 0.1.0's SPLIT_V returns all-zero outputs (measured), SLICE is exact.
+    Dynamic dims get SLICE size -1 (to the end)."""
+    shape = _split_axis_shape(ctx, x, dim)
     src = ctx.tensor(x)
     start = 0
     for out, size in zip(_multi_output(ctx, node), sizes):

@@ -1,0 +1,235 @@
+"""Dynamic shapes: a symbolic batch or sequence dim becomes -1 in ``shape_signature`` and
+the one Circle model runs in onert at several sizes, matching eager at each.
+
+Where a model cannot be lowered with a dynamic dim, the error says which op and why
+(the tiny Llama with a dynamic sequence length is such a case: its position ids and
+causal mask are computed from the length at run time with ops onert lacks).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+import circle_fx
+from circle_fx import UnsupportedOpError
+from circle_fx.reader import read_circle
+
+ATOL = 1e-5
+
+
+class RMS(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=8, hidden=32, d_out=4):
+        super().__init__()
+        self.up = nn.Linear(d_in, hidden)
+        self.down = nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class AttentionFreeLM(nn.Module):
+    """Embedding -> (RMSNorm -> gated MLP -> residual) x 2 -> RMSNorm -> LM head."""
+
+    def __init__(self, vocab=48, d=32, hidden=64, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.norms = nn.ModuleList(RMS(d) for _ in range(layers))
+        self.gate = nn.ModuleList(nn.Linear(d, hidden, bias=False) for _ in range(layers))
+        self.up = nn.ModuleList(nn.Linear(d, hidden, bias=False) for _ in range(layers))
+        self.down = nn.ModuleList(nn.Linear(hidden, d, bias=False) for _ in range(layers))
+        self.final = RMS(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for norm, g, u, dn in zip(self.norms, self.gate, self.up, self.down):
+            x = norm(h)
+            h = h + dn(F.silu(g(x)) * u(x))
+        return self.head(self.final(h))
+
+
+class MixingBlock(nn.Module):
+    """Shape ops on a dynamic sequence: head split (RESHAPE with -1), TRANSPOSE, token mixing
+    with BATCH_MATMUL + SOFTMAX, slices, CONCATENATION, reductions."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, s, d = 1, x.shape[1], x.shape[2]
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q = q.reshape(b, s, self.heads, d // self.heads).transpose(1, 2)
+        k = k.reshape(b, s, self.heads, d // self.heads).transpose(1, 2)
+        v = v.reshape(b, s, self.heads, d // self.heads).transpose(1, 2)
+        p = torch.softmax(q @ k.transpose(-1, -2) * 0.5, dim=-1)
+        y = (p @ v).transpose(1, 2).reshape(b, s, d)
+        y = self.out(y) + x
+        head, tail = y[:, :1], y[:, 1:]
+        y = torch.cat([tail, head], dim=1)  # rotate tokens
+        return y, y.mean(-1, keepdim=True), y[..., :3].amax(-1)
+
+
+def signature(cm, which):
+    cf = read_circle(cm.to_bytes())
+    idx = cf.inputs if which == "inputs" else cf.outputs
+    return [cf.tensors[i].shape_signature for i in idx]
+
+
+def check_sizes(cm, model, make_inputs, sizes):
+    model.eval()
+    for size in sizes:
+        inputs = make_inputs(size)
+        with torch.no_grad():
+            ref = model(*inputs)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        got = cm.run(*inputs)
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert g.shape == tuple(r.shape), (size, g.shape, r.shape)
+            np.testing.assert_allclose(g, r.numpy(), rtol=1e-4, atol=ATOL * max(1.0, float(r.abs().max())))
+
+
+# ---------------------------------------------------------------------------- works
+def test_mlp_dynamic_batch():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    cm = circle_fx.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: Dim("batch", max=64)},))
+    assert signature(cm, "inputs") == [[-1, 8]]
+    assert signature(cm, "outputs") == [[-1, 4]]
+    check_sizes(cm, model, lambda n: (torch.randn(n, 8),), [3, 17, 1])
+
+
+def test_mlp_dynamic_seq_3d():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    cm = circle_fx.export(model, (torch.randn(2, 5, 8),), dynamic_shapes=({1: Dim("seq", max=128)},))
+    assert signature(cm, "inputs") == [[2, -1, 8]]
+    assert signature(cm, "outputs") == [[2, -1, 4]]
+    check_sizes(cm, model, lambda n: (torch.randn(2, n, 8),), [3, 9])
+
+
+def test_mlp_dynamic_batch_and_seq():
+    """Two dynamic leading dims: FULLY_CONNECTED's flatten could not be undone by one RESHAPE,
+    so the linear becomes a BATCH_MATMUL with the transposed weight."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    cm = circle_fx.export(model, (torch.randn(2, 5, 8),),
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=64)},))
+    assert signature(cm, "inputs") == [[-1, -1, 8]]
+    assert cm.op_histogram()["BATCH_MATMUL"] == 2
+    check_sizes(cm, model, lambda n: (torch.randn(n % 3 + 1, n, 8),), [4, 7])
+
+
+def test_rmsnorm_dynamic_seq_is_decomposed():
+    torch.manual_seed(0)
+    model = RMS(16).eval()
+    x = torch.randn(1, 5, 16)
+    static = circle_fx.export(model, (x,))
+    assert static.op_histogram()["RMS_NORM"] == 1
+    cm = circle_fx.export(model, (x,), dynamic_shapes=({1: Dim("seq", max=128)},))
+    hist = cm.op_histogram()
+    assert hist["RMS_NORM"] == 0  # onert's RMS_NORM cannot be resized
+    assert hist["MEAN"] == 1 and hist["RSQRT"] == 1
+    assert signature(cm, "outputs") == [[1, -1, 16]]
+    check_sizes(cm, model, lambda n: (torch.randn(1, n, 16),), [3, 12, 1])
+
+
+def test_attention_free_lm_dynamic_seq():
+    torch.manual_seed(0)
+    model = AttentionFreeLM().eval()
+    ids = torch.randint(0, 48, (1, 6))
+    cm = circle_fx.export(model, (ids,), dynamic_shapes=({1: Dim("seq", max=256)},))
+    assert signature(cm, "inputs") == [[1, -1]]
+    assert signature(cm, "outputs") == [[1, -1, 48]]
+    assert len(cm.report.fusions) == 3  # the norms were still recognised
+    gen = torch.Generator().manual_seed(1)
+    check_sizes(cm, model, lambda n: (torch.randint(0, 48, (1, n), generator=gen),), [3, 20])
+
+
+def test_shape_ops_dynamic_seq():
+    torch.manual_seed(0)
+    model = MixingBlock().eval()
+    cm = circle_fx.export(model, (torch.randn(1, 5, 8),), dynamic_shapes=({1: Dim("seq", min=3, max=64)},))
+    hist = cm.op_histogram()
+    for op in ("TRANSPOSE", "BATCH_MATMUL", "SOFTMAX", "STRIDED_SLICE", "CONCATENATION", "MEAN"):
+        assert hist[op] >= 1, (op, dict(hist))
+    assert all(-1 in s for s in signature(cm, "outputs"))
+    check_sizes(cm, model, lambda n: (torch.randn(1, n, 8),), [3, 11])
+
+
+def test_saved_dynamic_model_runs_from_file(tmp_path):
+    from circle_fx.runtime import OnertSession
+
+    torch.manual_seed(0)
+    model = MLP().eval()
+    cm = circle_fx.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: Dim("batch", max=64)},))
+    path = cm.save(tmp_path / "mlp.circle")
+    sess = OnertSession(path)
+    for n in (2, 6):
+        x = torch.randn(n, 8)
+        (got,) = sess.run([x.numpy()])
+        np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=ATOL)
+
+
+# ------------------------------------------------------------------- clear errors
+class ExpandToSeq(nn.Module):
+    def forward(self, x):
+        return x + torch.ones(1, 1, 8).expand(1, x.shape[1], 8)
+
+
+def test_op_without_dynamic_support_names_itself():
+    with pytest.raises(UnsupportedOpError) as info:
+        circle_fx.export(ExpandToSeq(), (torch.randn(1, 5, 8),), dynamic_shapes=({1: Dim("seq", max=64)},))
+    msg = str(info.value)
+    assert "aten.expand.default" in msg and "dynamic shape" in msg
+    assert "test_dynamic_shapes.py" in msg  # the source line
+
+
+class FourDynamicDims(nn.Module):
+    def forward(self, x):
+        return (x * 2).reshape(x.shape[0], x.shape[1], 2, 4)
+
+
+def test_violated_dynamic_constraint_is_explained():
+    """``y[:, 1:]`` needs seq != 2 (torch guards on it): the message quotes torch's constraint."""
+    with pytest.raises(circle_fx.CaptureError) as info:
+        circle_fx.export(MixingBlock(), (torch.randn(1, 5, 8),), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+    msg = str(info.value)
+    assert "Constraints violated (seq)" in msg and "Not all values of seq" in msg
+    assert "hint: a dimension marked dynamic" in msg
+    assert len(msg.splitlines()) <= 6
+
+
+def test_reshape_with_two_dynamic_dims_is_a_clear_error():
+    with pytest.raises(UnsupportedOpError, match="more than one dynamic dim"):
+        circle_fx.export(FourDynamicDims(), (torch.randn(2, 5, 8),),
+                         dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=64)},))
+
+
+def test_tiny_llama_dynamic_seq_gives_a_clear_error(tiny_llama):
+    """Not supported: with a symbolic length, transformers builds position ids and the causal
+    mask at run time (arange, cumsum, diff, ...); onert has no RANGE/CUMSUM, and with static
+    shapes these fold away. The error lists them with their source lines and says why."""
+    model, (ids,) = tiny_llama
+    with pytest.raises(UnsupportedOpError) as info:
+        circle_fx.export(model, (ids,), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+    msg = str(info.value)
+    assert "aten.arange" in msg and "aten.cumsum.default" in msg
+    assert "modeling_llama.py" in msg
+    assert "exported with dynamic_shapes" in msg and "without dynamic_shapes" in msg
