@@ -66,41 +66,52 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def child_export(layers: int, out: str, profile: bool) -> dict:
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median total (the first run, warm-up included, is one of them)."""
+    best = sorted(runs, key=lambda r: r["total"])[len(runs) // 2]
+    return dict(best, totals=[round(r["total"], 3) for r in runs])
+
+
+def child_export(layers: int, out: str, profile: bool, repeat: int = 1) -> dict:
     import torch
 
     model, ids = build_model(layers)
     rss_model = peak_rss()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        torch.export.export(model, (ids,), strict=False)
-    return {"export": time.perf_counter() - t0, "total": time.perf_counter() - t0,
-            "rss_model": rss_model, "weights": weight_bytes(model)}
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            torch.export.export(model, (ids,), strict=False)
+        runs.append({"export": time.perf_counter() - t0, "total": time.perf_counter() - t0})
+    return dict(median_run(runs), rss_model=rss_model, weights=weight_bytes(model))
 
 
-def child_circle_fx(layers: int, out: str, profile: bool) -> dict:
+def child_circle_fx(layers: int, out: str, profile: bool, repeat: int = 1) -> dict:
     import circle_fx
 
     model, ids = build_model(layers)
     rss_model = peak_rss()
-    prof = None
-    if profile:
-        import cProfile
+    runs = []
+    for i in range(repeat):
+        prof = None
+        if profile and i == 0:
+            import cProfile
 
-        prof = cProfile.Profile()
-        prof.enable()
-    t0 = time.perf_counter()
-    cm = circle_fx.export(model, (ids,), verbose=False)
-    t1 = time.perf_counter()
-    cm.save(out)
-    t2 = time.perf_counter()
-    if prof is not None:
-        prof.disable()
-        _print_profile(prof)
-    tm = cm.report.timings
-    return {"export": tm["export"], "passes": tm["passes"], "emit_write": tm["emit"] + (t2 - t1),
-            "write": t2 - t1, "total": t2 - t0, "rss_model": rss_model, "weights": weight_bytes(model),
-            "size": os.path.getsize(out), "pass_timings": cm.report.pass_timings}
+            prof = cProfile.Profile()
+            prof.enable()
+        t0 = time.perf_counter()
+        cm = circle_fx.export(model, (ids,), verbose=False)
+        t1 = time.perf_counter()
+        cm.save(out)
+        t2 = time.perf_counter()
+        if prof is not None:
+            prof.disable()
+            _print_profile(prof)
+        tm = cm.report.timings
+        runs.append({"export": tm["export"], "passes": tm["passes"], "emit_write": tm["emit"] + (t2 - t1),
+                     "write": t2 - t1, "total": t2 - t0, "pass_timings": cm.report.pass_timings})
+        del cm
+    return dict(median_run(runs), rss_model=rss_model, weights=weight_bytes(model), size=os.path.getsize(out))
 
 
 def _print_profile(prof) -> None:
@@ -114,7 +125,7 @@ def _print_profile(prof) -> None:
     print(s.getvalue(), file=sys.stderr)
 
 
-def child_tico(layers: int, out: str, profile: bool) -> dict:
+def child_tico(layers: int, out: str, profile: bool, repeat: int = 1) -> dict:
     import tico
     import tico.utils.convert as tconv
 
@@ -141,7 +152,16 @@ def child_tico(layers: int, out: str, profile: bool) -> dict:
     return {"export": spent["export"], "passes": (t1 - t0) - spent["export"] - spent["build_circle"],
             "emit_write": spent["build_circle"] + (t2 - t1), "write": t2 - t1, "total": t2 - t0,
             "rss_model": rss_model, "weights": weight_bytes(model), "size": os.path.getsize(out),
-            "version": getattr(tico, "__version__", "?")}
+            "version": _dist_version("tico")}
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)  # tico.__version__ is stale in some wheels (0.3.0 says 0.2.0)
+    except PackageNotFoundError:
+        return "?"
 
 
 def child_onert(layers: int, path: str, runs: int) -> dict:
@@ -201,16 +221,16 @@ def child_main(args) -> None:
     if args.child == "onert":
         result = child_onert(args.layers, args.out, args.runs)
     else:
-        result = CHILDREN[args.child](args.layers, args.out, args.profile)
+        result = CHILDREN[args.child](args.layers, args.out, args.profile, args.repeat)
     result["peak_rss"] = peak_rss()
     print("RESULT " + json.dumps(result), flush=True)
 
 
 # ---------------------------------------------------------------------- orchestration
-def run_child(mode: str, layers: int, out: str, *, runs: int = 10, profile: bool = False,
+def run_child(mode: str, layers: int, out: str, *, runs: int = 10, repeat: int = 1, profile: bool = False,
               timeout: float = 1800) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--layers", str(layers),
-           "--out", out, "--runs", str(runs)] + (["--profile"] if profile else [])
+           "--out", out, "--runs", str(runs), "--repeat", str(repeat)] + (["--profile"] if profile else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                USE_MMAPED_DATA="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -262,6 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tico", action="store_true")
     ap.add_argument("--no-onert", action="store_true")
     ap.add_argument("--runs", type=int, default=10, help="timed onert runs (median reported)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="conversions per child for torch.export and circle_fx (median reported; TICO runs once)")
     ap.add_argument("--out-dir", default=None, help="where .circle files go (default: a temp dir)")
     ap.add_argument("--profile", action="store_true", help="print circle_fx's cProfile hot spots")
     ap.add_argument("--child", choices=[*CHILDREN, "onert"], help=argparse.SUPPRESS)
@@ -271,6 +293,7 @@ def main(argv=None) -> int:
         child_main(args)
         return 0
 
+    sys.stdout.reconfigure(line_buffering=True)  # progress is visible when piped to a file
     out_dir = args.out_dir or tempfile.mkdtemp(prefix="circle_fx_bench_")
     os.makedirs(out_dir, exist_ok=True)
     cfx_path = os.path.join(out_dir, "circle_fx.circle")
@@ -280,8 +303,8 @@ def main(argv=None) -> int:
           f"input ids 1x{SEQ}; {os.cpu_count()} CPUs; files in {out_dir}\n")
     failures = []
     try:
-        base = run_child("export", L, os.path.join(out_dir, "unused"))
-        cfx = run_child("circle_fx", L, cfx_path, profile=args.profile)
+        base = run_child("export", L, os.path.join(out_dir, "unused"), repeat=args.repeat)
+        cfx = run_child("circle_fx", L, cfx_path, repeat=args.repeat, profile=args.profile)
         tic, tico_note = None, "tico not installed"
         if args.no_tico:
             tico_note = "skipped"
@@ -300,6 +323,8 @@ def main(argv=None) -> int:
         w = cfx["weights"]
         print(f"\nweights: {mb(w)}; torch.export baseline peak RSS {mb(base['peak_rss'])} "
               f"(model alone {mb(base['rss_model'])})")
+        print(f"totals of the {args.repeat} runs per child (median shown above): torch.export {base['totals']}, "
+              f"circle_fx {cfx['totals']}; TICO ran once")
         if tic:
             print(f"TICO {tic.get('version')}: stages split by timing its torch.export and build_circle calls")
         if cfx.get("pass_timings"):
