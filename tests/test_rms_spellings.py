@@ -169,3 +169,25 @@ def test_onert_float32_weight_stored_as_float16():
     assert cm.op_histogram().get("RMS_NORM", 0) == 1
     (got,) = cm.run(x)
     np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+DYNAMIC_CASES = [BASE, BASE.but(reduce="sum_div", square="mul"), BASE.but(reduce="sum_mul", inverse="div_sqrt"),
+                 BASE.but(cast="llama", weight="gemma"), BASE.but(inverse="pow_m05", weight="inside")]
+
+
+@pytest.mark.parametrize("sp", DYNAMIC_CASES, ids=_id)
+def test_fuses_with_dynamic_batch_and_sequence(sp):
+    """Only the normalised dim must be static: ``sum / N`` with N the last dim still
+    becomes a mean when batch and sequence are dynamic."""
+    from torch.export import Dim
+
+    from circle_fx.passes import default_pipeline, finalize_pipeline, run_passes
+
+    model = NormModule(sp, 16)
+    program = circle_fx.capture(model, (torch.randn(2, 5, 16),),
+                                dynamic_shapes=({0: Dim("batch", max=64), 1: Dim("seq", max=64)},))
+    run_passes(program, default_pipeline())
+    run_passes(program, finalize_pipeline())
+    assert len(rms_nodes(program)) == 1, program.gm.graph
+    x = torch.randn(3, 7, 16)
+    assert_matches_eager(model, program, x)

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from ..fx_utils import CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_noop, look_through, make_node, shape_of, static_shape
+from ..fx_utils import CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_noop, look_through, make_node, shape_of
 from .base import Pass
 
 aten = torch.ops.aten
@@ -92,10 +92,13 @@ def sum_to_mean(n, g):
     if k is None or k == 0 or not isinstance(s, fx.Node) or s.target is not aten.sum.dim_IntList:
         return None
     x, dims, keepdim = arguments(s)[:3]
-    shape = static_shape(x)
+    shape = shape_of(x)
     if shape is None or not dims or not _is_float(x) or arguments(s)[3] is not None:
         return None
-    count = math.prod(shape[d % len(shape)] for d in dims)
+    reduced = [shape[d % len(shape)] for d in dims]
+    if not all(isinstance(c, int) for c in reduced):
+        return None  # only the reduced dims must be static (batch/sequence may be dynamic)
+    count = math.prod(reduced)
     factor = 1.0 / k if n.target is aten.div.Tensor else k
     if not math.isclose(factor * count, 1.0, rel_tol=1e-6):
         return None
