@@ -191,3 +191,17 @@ def test_fuses_with_dynamic_batch_and_sequence(sp):
     assert len(rms_nodes(program)) == 1, program.gm.graph
     x = torch.randn(3, 7, 16)
     assert_matches_eager(model, program, x)
+
+
+@pytest.mark.parametrize("wshape", [(1, 1, 16), (1, 16), (16,)], ids=str)
+@pytest.mark.parametrize("weight", ["after", "before", "inside", "on_scale"])
+def test_weight_with_leading_ones_is_folded(weight, wshape):
+    """A ``[1, 1, D]`` weight is per-channel too: folded (as ``[D]``), same numerics."""
+    model = NormModule(BASE.but(weight=weight), 16)
+    with torch.no_grad():
+        model.weight = torch.nn.Parameter(model.weight.detach().reshape(wshape).clone())
+    x = torch.randn(2, 5, 16)
+    program = fused_program(model, x)
+    (node,) = rms_nodes(program)
+    assert node.args[1] is not None and list(node.args[1].meta["val"].shape) == [16]
+    assert_matches_eager(model, program, x)
