@@ -57,7 +57,17 @@ MODELS = textwrap.dedent('''
         raise RuntimeError("factory is broken")
 
     NOT_CALLABLE = 3
+
+    class NormOverAxis1(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6)
+
+    def near_miss():
+        return NormOverAxis1(), (torch.randn(2, 5, 16),)
 ''')
+
+
+NEAR_MISS_LINE = "return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6)"
 
 
 def line_of(code: str) -> int:
@@ -230,10 +240,18 @@ def test_inspect_rejects_non_circle_files(capsys, models_py, tmp_path):
 # ----------------------------------------------------------------------------- explain
 
 def test_explain_reports_the_fusions(capsys):
-    pytest.importorskip("circle_fx.explain")
     rc, out, err = run_cli(capsys, "explain", "circle_fx.demo:tiny_llama")
     assert rc == 0, err
-    assert "rms_norm" in out.lower()
+    assert "fused: 5" in out and "not fused: 0" in out
+    assert out.count("modeling_llama.py:") == 5
+
+
+def test_explain_names_the_near_miss_and_its_line(capsys, models_py):
+    rc, out, err = run_cli(capsys, "explain", f"{models_py}:near_miss")
+    assert rc == 0, err
+    assert "fused: 0" in out and "not fused: 1" in out
+    assert f"my_models.py:{line_of(NEAR_MISS_LINE)}" in out
+    assert "axis" in out  # the failed condition: the mean is not over the last axis
 
 
 def test_explain_bad_spec(capsys):
