@@ -154,6 +154,9 @@ def export_program(model, args, kwargs, dynamic_shapes=None) -> ExportedProgram:
     except Exception as e:  # torch raises many unrelated types here
         if _is_input_mismatch(e):
             raise InputError(f"the model rejected the example inputs: {e}") from e
+        if "structure of `inputs` and `dynamic_shapes`" in str(e):
+            raise InputError("dynamic_shapes does not match the example inputs: "
+                             + str(e).strip().splitlines()[0].split(": ", 1)[-1]) from e
         raise CaptureError(_summarise_export_error(e)) from e
     finally:
         for m, flag in training:

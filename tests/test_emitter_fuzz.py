@@ -88,6 +88,9 @@ class Interpreter(nn.Module):
             elif kind == "reshape":
                 i, shape = a
                 v.append(v[i].reshape(shape))
+            elif kind == "reshape_keep0":  # keeps the (dynamic) leading dim
+                i, rest = a
+                v.append(v[i].reshape([v[i].shape[0]] + list(rest)))
             elif kind == "permute":
                 i, perm = a
                 v.append(v[i].permute(perm))
@@ -124,12 +127,20 @@ def _factorizations(n):
 
 
 @st.composite
-def programs(draw):
+def programs(draw, dynamic=False):
+    """``dynamic``: dim 0 of every input is a dynamic batch dim; steps then keep it in place
+    (rank >= 2, never reduced, never moved) so the program stays valid for any batch size."""
     rng_seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(rng_seed)
     base = draw(shapes)
+    if dynamic:
+        base = [draw(st.integers(2, 4))] + (base[:3] if len(base) > 1 else base)
     n_inputs = draw(st.integers(1, 2))
-    in_shapes = [base] + [_broadcastable_variant(draw, base) for _ in range(n_inputs - 1)]
+    if dynamic:
+        in_shapes = [base] + [[base[0]] + [1 if draw(st.booleans()) else d for d in base[1:]]
+                              for _ in range(n_inputs - 1)]
+    else:
+        in_shapes = [base] + [_broadcastable_variant(draw, base) for _ in range(n_inputs - 1)]
     vals = [list(s) for s in in_shapes]
     steps, consts, lines = [], {}, []
 
@@ -146,9 +157,12 @@ def programs(draw):
         kinds = ["binary", "binary_scalar", "binary_const", "unary", "reduce", "reshape", "softmax", "linear"]
         if len(s) >= 2:
             kinds += ["permute", "matmul_self", "matmul_const"]
+        if dynamic and len(s) < 3:
+            kinds.remove("matmul_self")  # [B, n] @ [n, B] would make two dynamic dims
         kind = draw(st.sampled_from(kinds))
         if kind == "binary":
-            partners = [j for j, t in enumerate(vals) if _broadcast(s, t) is not None]
+            partners = [j for j, t in enumerate(vals) if _broadcast(s, t) is not None
+                        and (not dynamic or len(t) == len(s))]  # dynamic: align the batch dims
             j = draw(st.sampled_from(partners))
             op = draw(st.sampled_from(BINARY))
             out = _broadcast(s, vals[j])
@@ -168,6 +182,8 @@ def programs(draw):
         elif kind == "binary_const":
             op = draw(st.sampled_from(BINARY))
             cshape = _broadcastable_variant(draw, s)
+            if dynamic and len(cshape) == len(s):
+                cshape[0] = 1  # a constant cannot have the dynamic batch size
             swap = draw(st.booleans()) and op != "div"
             name = const(cshape)
             out = list(s)
@@ -180,15 +196,33 @@ def programs(draw):
             lines.append(f"{op}(v{i})")
         elif kind == "reduce":
             op = draw(st.sampled_from(REDUCE))
-            dims = sorted(draw(st.sets(st.integers(0, len(s) - 1), min_size=1, max_size=len(s))))
+            lo = 1 if dynamic else 0
+            if lo >= len(s):
+                continue
+            dims = sorted(draw(st.sets(st.integers(lo, len(s) - 1), min_size=1, max_size=len(s) - lo)))
             dims = [d - len(s) if draw(st.booleans()) else d for d in dims]  # negative axes too
-            keep = draw(st.booleans())
+            keep = draw(st.booleans()) or (dynamic and len(s) - len(dims) < 2)
             pos = {d % len(s) for d in dims}
             out = [1 if k in pos else d for k, d in enumerate(s)] if keep else [d for k, d in enumerate(s) if k not in pos]
             if not out:  # a 0-d result: onert has no rank-0 support, keep one dim
                 keep, out = True, [1] * len(s)
             steps.append(("reduce", op, i, dims, keep))
             lines.append(f"{op}(v{i}, dim={dims}, keepdim={keep})")
+        elif kind == "reshape" and dynamic:
+            n = math.prod(s[1:])
+            rank = draw(st.integers(1, MAX_RANK - 1))
+            rest, left = [], n
+            for _ in range(rank - 1):
+                d = draw(st.sampled_from(_factorizations(left)))
+                rest.append(d)
+                left //= d
+            rest.append(left)
+            out = [s[0]] + rest
+            if draw(st.booleans()):
+                rest = list(rest)
+                rest[draw(st.integers(0, len(rest) - 1))] = -1
+            steps.append(("reshape_keep0", i, rest))
+            lines.append(f"v{i}.reshape([v{i}.shape[0]] + {rest})")
         elif kind == "reshape":
             n = math.prod(s)
             rank = draw(st.integers(1, MAX_RANK))
@@ -206,6 +240,8 @@ def programs(draw):
             lines.append(f"v{i}.reshape({target})")
         elif kind == "permute":
             perm = draw(st.permutations(list(range(len(s)))))
+            if dynamic:
+                perm = [0] + list(draw(st.permutations(list(range(1, len(s))))))
             out = [s[p] for p in perm]
             steps.append(("permute", i, list(perm)))
             lines.append(f"v{i}.permute({list(perm)})")
@@ -340,3 +376,34 @@ def test_regressions(model, shape):
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=int(os.environ.get("CIRCLE_FX_FUZZ_EXAMPLES", 60)) // 2, deadline=None,
+          derandomize=os.environ.get("CIRCLE_FX_FUZZ_RANDOM") != "1", print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(programs(dynamic=True))
+def test_random_graphs_with_dynamic_batch(program):
+    """Same, with dim 0 dynamic: one Circle model (-1 in shape_signature) runs at two batch sizes."""
+    from torch.export import Dim
+
+    in_shapes, steps, consts, outputs, text = program
+    note(text)
+    model = Interpreter(len(in_shapes), steps, consts, outputs).eval()
+    batch = Dim("batch", min=2, max=32)
+    gen = torch.Generator().manual_seed(0)
+    example = tuple(torch.randn(s, generator=gen) for s in in_shapes)
+    cm = circle_fx.export(model, example, dynamic_shapes=(tuple({0: batch} for _ in in_shapes),))  # forward(*xs)
+    from circle_fx.reader import read_circle
+
+    cf = read_circle(cm.to_bytes())
+    for i in cf.inputs + cf.outputs:
+        assert cf.tensors[i].shape_signature and cf.tensors[i].shape_signature[0] == -1, cf.tensors[i]
+    for b in (in_shapes[0][0] + 3, 2):
+        inputs = tuple(torch.randn([b] + s[1:], generator=gen) for s in in_shapes)
+        with torch.no_grad():
+            ref = [r.numpy() for r in model(*inputs)]
+        got = cm.run(*inputs)
+        for g, r in zip(got, ref):
+            assert tuple(g.shape) == tuple(r.shape), f"batch {b}: shape {g.shape} != eager {r.shape}"
+            scale = max(1.0, float(np.abs(r).max()))
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * scale)

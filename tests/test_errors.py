@@ -107,6 +107,15 @@ def test_wrong_kwargs_give_input_error():
     assert "unexpected keyword" in str(err)
 
 
+def test_dynamic_shapes_not_matching_inputs_give_input_error():
+    from torch.export import Dim
+
+    err = raised(lambda: circle_fx.export(Lin(), (torch.randn(2, 4),),
+                                          dynamic_shapes=({0: Dim("b")}, {0: Dim("c")})), InputError)
+    assert "dynamic_shapes does not match the example inputs" in str(err)
+    assert len(str(err).splitlines()) == 1
+
+
 def test_run_with_wrong_input_count(tmp_path):
     cm = circle_fx.export(Lin(), (torch.randn(2, 4),))
     err = raised(lambda: cm.run(torch.randn(2, 4), torch.randn(2, 4)), InputError)
