@@ -205,3 +205,26 @@ def test_weight_with_leading_ones_is_folded(weight, wshape):
     (node,) = rms_nodes(program)
     assert node.args[1] is not None and list(node.args[1].meta["val"].shape) == [16]
     assert_matches_eager(model, program, x)
+
+
+class _EpsBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("eps", torch.tensor(1e-5))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class _EpsInlineTensor(torch.nn.Module):
+    def forward(self, x):
+        return x * torch.rsqrt(torch.tensor(1e-5) + x.pow(2).mean(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("cls", [_EpsBuffer, _EpsInlineTensor])
+def test_eps_as_a_scalar_tensor(cls):
+    model, x = cls(), torch.randn(2, 5, 16)
+    program = fused_program(model, x)
+    (node,) = rms_nodes(program)
+    assert node.args[2] == pytest.approx(1e-5)
+    assert_matches_eager(model, program, x)
