@@ -224,8 +224,14 @@ def test_reshape_with_two_dynamic_dims_is_a_clear_error():
 
 def test_tiny_llama_dynamic_seq_gives_a_clear_error(tiny_llama):
     """Not supported: with a symbolic length, transformers builds position ids and the causal
-    mask at run time (arange, cumsum, diff, ...); onert has no RANGE/CUMSUM, and with static
-    shapes these fold away. The error lists them with their source lines and says why."""
+    mask at run time (arange, cumsum, diff, ...); with static shapes these fold away.
+
+    Why no lowering: onert 0.1.0 has no RANGE or CUMSUM kernel, and every op whose output
+    *shape* comes from a run-time value fails at run ("num_elements() cannot calculate when
+    any dimension is unspecified"): measured for STRIDED_SLICE and SLICE of a constant
+    arange table with the end/size taken from SHAPE(input_ids), and for FILL with SHAPE's
+    output as dims. So arange(seq) cannot be built on device. The error lists the ops with
+    their source lines and says why."""
     model, (ids,) = tiny_llama
     with pytest.raises(UnsupportedOpError) as info:
         circle_fx.export(model, (ids,), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
