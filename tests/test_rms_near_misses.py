@@ -155,3 +155,17 @@ def test_onert_float32_interior_output(flaw):
         want = model(x)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_variance_in_lower_precision_is_not_fused():
+    """A down-cast before the square (float32 input, float16 variance) is not fused: the
+    fused op would accumulate in float32 and silently change the result."""
+
+    class Narrow(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.half().pow(2).mean(-1, keepdim=True) + 1e-3)
+
+    x = torch.randn(2, 5, 16)
+    program = fused_program(Narrow(), x)
+    assert rms_nodes(program) == []
+    assert_matches_eager(Narrow(), program, x)

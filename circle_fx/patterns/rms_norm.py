@@ -138,6 +138,17 @@ def _check_weight(m: Match):
     return None
 
 
+def _check_variance_not_narrowed(m: Match):
+    # optional_cast accepts any conversion; only a widening one (T5, Llama in half) keeps
+    # the fused op's float32 accumulation faithful to the graph
+    for n in m.nodes:
+        if n.target is aten.pow.Tensor_Scalar:
+            src = look_through(n.args[0])
+            if src is not look_through(m["x"]) and dtype_of(src).itemsize < dtype_of(m["x"]).itemsize:
+                return f"the variance is computed in {dtype_of(src)}, narrower than the input's {dtype_of(m['x'])}"
+    return None
+
+
 # ----------------------------------------------------------------------- replacement
 
 def _emit_rms(m: Match, graph: fx.Graph, weight) -> fx.Node:
@@ -167,7 +178,7 @@ def _replace_weighted(m, graph):
     return _emit_rms(m, graph, m["w"])
 
 
-_CORE_CHECKS = (_check_float_input, _check_last_axis, _check_eps, _check_not_centred)
+_CORE_CHECKS = (_check_float_input, _check_last_axis, _check_eps, _check_not_centred, _check_variance_not_narrowed)
 
 RULES = [
     Rewrite("rms_norm_weight_inside", Pattern(rms_weight_inside), _replace_weighted,
