@@ -2,7 +2,8 @@
 
 Hypothesis draws a small program — inputs with random shapes, then a chain of
 elementwise ops (with broadcasting, scalars and constant tensors), reductions, reshapes,
-transposes, softmax and matrix products — builds an ``nn.Module`` that interprets it,
+transposes, softmax, matrix products, comparisons with ``where``, slices and
+concatenation — builds an ``nn.Module`` that interprets it,
 exports it, runs the Circle file in onert and compares with PyTorch. Values are kept in
 a numerically tame range (division by ``|b| + 1``, ``exp`` of non-positive values, ...)
 so a mismatch means a lowering bug, not float noise.
@@ -106,6 +107,18 @@ class Interpreter(nn.Module):
             elif kind == "matmul_self":
                 (i,) = a
                 v.append(v[i] @ v[i].transpose(-1, -2))
+            elif kind == "select":  # comparison + where
+                cmp, i, j = a
+                cond = {"gt": torch.gt, "lt": torch.lt, "ge": torch.ge, "le": torch.le}[cmp](v[i], v[j])
+                v.append(torch.where(cond, v[i], v[j] * 0.5))
+            elif kind == "slice":
+                i, dim, start, end, step = a
+                index = [slice(None)] * v[i].dim()
+                index[dim] = slice(start, end, step)
+                v.append(v[i][tuple(index)])
+            elif kind == "cat":
+                i, j, dim = a
+                v.append(torch.cat([v[i], v[j]], dim=dim))
             else:
                 raise ValueError(kind)
         return tuple(v[o] for o in self.outputs)
@@ -154,7 +167,8 @@ def programs(draw, dynamic=False):
     for _ in range(n_steps):
         i = draw(st.integers(0, len(vals) - 1))
         s = vals[i]
-        kinds = ["binary", "binary_scalar", "binary_const", "unary", "reduce", "reshape", "softmax", "linear"]
+        kinds = ["binary", "binary_scalar", "binary_const", "unary", "reduce", "reshape", "softmax", "linear",
+                 "select", "slice", "cat"]
         if len(s) >= 2:
             kinds += ["permute", "matmul_self", "matmul_const"]
         if dynamic and len(s) < 3:
@@ -262,6 +276,40 @@ def programs(draw, dynamic=False):
             out = list(s[:-1]) + [n_out]
             steps.append(("matmul_const", i, w))
             lines.append(f"v{i} @ {w}[{s[-1]},{n_out}]")
+        elif kind == "select":
+            partners = [j for j, t in enumerate(vals) if _broadcast(s, t) is not None
+                        and (not dynamic or len(t) == len(s))]
+            j = draw(st.sampled_from(partners))
+            cmp = draw(st.sampled_from(["gt", "lt", "ge", "le"]))
+            out = _broadcast(s, vals[j])
+            steps.append(("select", cmp, i, j))
+            lines.append(f"where(v{i} {cmp} v{j}, v{i}, v{j} * 0.5)")
+        elif kind == "slice":
+            dim = draw(st.integers(1 if dynamic else 0, len(s) - 1)) if len(s) > (1 if dynamic else 0) else None
+            if dim is None:
+                continue
+            size = s[dim]
+            start = draw(st.one_of(st.none(), st.integers(-size, size - 1)))
+            end = draw(st.one_of(st.none(), st.integers(-size, size)))
+            step = draw(st.sampled_from([1, 1, 2]))
+            length = len(range(size)[slice(start, end, step)])
+            if length == 0:
+                continue
+            out = list(s)
+            out[dim] = length
+            steps.append(("slice", i, dim, start, end, step))
+            lines.append(f"v{i}[{':, ' * dim}{'' if start is None else start}:{'' if end is None else end}:{step}]")
+        elif kind == "cat":
+            dim = draw(st.integers(1 if dynamic else 0, len(s) - 1)) if len(s) > (1 if dynamic else 0) else None
+            if dim is None:
+                continue
+            partners = [j for j, t in enumerate(vals)
+                        if len(t) == len(s) and all(a == b for k, (a, b) in enumerate(zip(s, t)) if k != dim)]
+            j = draw(st.sampled_from(partners))
+            out = list(s)
+            out[dim] = s[dim] + vals[j][dim]
+            steps.append(("cat", i, j, dim))
+            lines.append(f"cat([v{i}, v{j}], dim={dim})")
         elif kind == "matmul_self":
             out = list(s[:-1]) + [s[-2]]
             steps.append(("matmul_self", i))
@@ -321,7 +369,7 @@ def test_generator_covers_every_step_kind():
 
     collect()
     assert seen >= {"binary", "binary_scalar", "binary_const", "unary", "reduce", "reshape", "permute",
-                    "softmax", "linear", "matmul_const", "matmul_self"}, seen
+                    "softmax", "linear", "matmul_const", "matmul_self", "select", "slice", "cat"}, seen
 
 
 # --------------------------------------------------- regressions found by the fuzzer
