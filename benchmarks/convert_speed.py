@@ -164,7 +164,9 @@ def _dist_version(name: str) -> str:
         return "?"
 
 
-def child_onert(layers: int, path: str, runs: int) -> dict:
+def child_onert(layers: int, paths: str, runs: int) -> dict:
+    """Latency of one or more .circle files (``os.pathsep``-separated), measured
+    interleaved (A, B, A, B, ...) so background load hits all models alike."""
     import numpy as np
     import onert
     import torch
@@ -173,21 +175,25 @@ def child_onert(layers: int, path: str, runs: int) -> dict:
     with torch.no_grad():
         ref = model(ids).logits.numpy()
     del model
-    t0 = time.perf_counter()
-    sess = onert.infer.session(path)
-    load = time.perf_counter() - t0
-    info = sess.get_inputs_tensorinfo()[0]
-    x = ids.numpy().astype(np.dtype(info.dtype))
-    out = sess.infer([x])  # first run: prepare + shape inference, not counted
-    got = np.asarray(out[0]).reshape(ref.shape)
-    lat = []
+    models = {}
+    for path in paths.split(os.pathsep):
+        t0 = time.perf_counter()
+        sess = onert.infer.session(path)
+        load = time.perf_counter() - t0
+        info = sess.get_inputs_tensorinfo()[0]
+        x = ids.numpy().astype(np.dtype(info.dtype))
+        out = sess.infer([x])  # first run: prepare + shape inference, not counted
+        got = np.asarray(out[0]).reshape(ref.shape)
+        models[path] = {"sess": sess, "x": x, "lat": [], "load": load, "input_dtype": str(info.dtype),
+                        "max_abs_diff": float(np.abs(got - ref).max()), "ops": op_counts(path)}
     for _ in range(runs):
-        t = time.perf_counter()
-        sess.infer([x])
-        lat.append(time.perf_counter() - t)
-    return {"load": load, "median": statistics.median(lat), "min": min(lat), "runs": runs,
-            "max_abs_diff": float(np.abs(got - ref).max()), "input_dtype": str(info.dtype),
-            "ops": op_counts(path)}
+        for m in models.values():
+            t = time.perf_counter()
+            m["sess"].infer([m["x"]])
+            m["lat"].append(time.perf_counter() - t)
+    return {"models": {path: {"median": statistics.median(m["lat"]), "min": min(m["lat"]), "runs": runs,
+                              **{k: m[k] for k in ("load", "input_dtype", "max_abs_diff", "ops")}}
+                       for path, m in models.items()}}
 
 
 def op_counts(path: str) -> dict:
@@ -339,16 +345,16 @@ def main(argv=None) -> int:
 
         if not args.no_onert:
             print("\nonert (CPU backend, USE_MMAPED_DATA=1), same input ids:")
-            res = {"circle_fx": run_child("onert", L, cfx_path, runs=args.runs)}
-            if tic:
-                res["TICO"] = run_child("onert", L, tico_path, runs=args.runs)
+            paths = {"circle_fx": cfx_path, **({"TICO": tico_path} if tic else {})}
+            both = run_child("onert", L, os.pathsep.join(paths.values()), runs=args.runs)
+            res = {name: both["models"][p] if "models" in both else both for name, p in paths.items()}
             for name, r in res.items():
                 if "error" in r:
                     print(f"  {name:<10} failed: {r['error']}")
                     continue
                 ops = sum(r["ops"].values())
                 print(f"  {name:<10} median {r['median'] * 1e3:8.1f} ms (min {r['min'] * 1e3:.1f}, "
-                      f"{r['runs']} runs), load {r['load']:.2f} s, max|diff| vs eager {r['max_abs_diff']:.2e}, "
+                      f"{r['runs']} runs, interleaved), load {r['load']:.2f} s, max|diff| vs eager {r['max_abs_diff']:.2e}, "
                       f"{ops} ops")
             for name, r in res.items():
                 if "ops" in r:
