@@ -169,3 +169,26 @@ def test_tied_weights_are_stored_once(tmp_path):
     big = [a for a in cm.builder.buffers if a is not None and a.nbytes >= 4096 * 256 * 4]
     assert len(big) == 1
     assert cm.size < 1.2 * 4096 * 256 * 4
+
+
+def test_holes_survive_builder_growth():
+    """If the size estimate is ever too small the builder grows (moving its bytes to the
+    end of a bigger buffer); holes recorded before a growth must still land right."""
+    from circle_fx.emit import writer
+
+    class TwoTables(torch.nn.Module):  # the second big vector forces a growth after the first
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(2048, 1024)
+            self.out = torch.nn.Linear(1024, 2048, bias=False)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids))
+
+    torch.manual_seed(0)
+    mb = circle_fx.export(TwoTables().eval(), (torch.tensor([[1, 2]]),), verbose=False).builder
+    normal = serialize(mb).to_bytes()
+    holes: list = []
+    flat = writer._pack(mb, "circle_fx", offsets=None, reserve=1, holes=holes)  # forces regrowth
+    assert len(holes) == 2
+    assert writer.Serialized(flat, holes=holes).to_bytes() == normal

@@ -235,7 +235,8 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
     b.Finish(m.Pack(b), file_identifier=FILE_IDENTIFIER)
     start = b.Head()
     if holes is not None:
-        holes.extend(sorted(((pos - start, arr) for pos, arr in pending), key=lambda h: h[0]))
+        end = len(b.Bytes)  # positions were recorded from the end: valid even if the builder grew
+        holes.extend(sorted(((end - from_end - start, arr) for from_end, arr in pending), key=lambda h: h[0]))
     return memoryview(b.Bytes)[start:]
 
 
@@ -276,13 +277,14 @@ def _vector(b: flatbuffers.Builder, arr: np.ndarray, pending: list | None = None
     """Write ``arr``'s bytes as a ubyte vector, 16-byte aligned, with at most one copy.
 
     With ``pending`` given, a large array is not copied: its (zero) region is reserved
-    and ``(builder position, arr)`` recorded so the writer streams it in later.
+    and ``(distance from the buffer's end, arr)`` recorded so the writer streams it in
+    later (the builder grows at the front, so only end-relative positions stay valid).
     """
     n = arr.nbytes
     b.StartVector(1, n, 16)
     b.head = b.head - n
     if pending is not None and n >= _HOLE_MIN_BYTES:
-        pending.append((b.head, arr))
+        pending.append((len(b.Bytes) - b.head, arr))
     else:
         b.Bytes[b.head: b.head + n] = _bytes_view(arr)
     return b.EndVector()
