@@ -10,6 +10,7 @@ reads the file back (``circle_fx.reader``) and checks, in one pass each:
 - constants: buffer size == prod(shape) * itemsize;
 - options: every op that has an options table carries one of the right type (onert
   segfaults otherwise);
+- types: elementwise inputs of one type (bool out of comparisons, a bool SELECT_V2 condition);
 - shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
   reductions, STRIDED_SLICE). Dynamic dims (``-1`` in ``shape_signature``) match anything;
@@ -341,11 +342,35 @@ def _expect(got: Dims, want: Dims) -> str | None:
 
 # ---------------------------------------------------------------- shape rules
 def _elementwise(c: _Checker, op: OperatorView):
+    bad_types = _types(c, op)
+    if bad_types:
+        return bad_types
     ins = [c.dims(i) for i in op.inputs if i >= 0]
     want = _broadcast(ins)
     if isinstance(want, str):
         return want
     return _expect(c.dims(op.outputs[0]), want)
+
+
+_COMPARISONS = {"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL"}
+
+
+def _types(c: _Checker, op: OperatorView) -> str | None:
+    """Operand types an elementwise kernel needs: inputs alike; bool out of comparisons."""
+    t = [c.cf.tensors[i].type for i in op.inputs if i >= 0]
+    out = c.cf.tensors[op.outputs[0]].type
+    name = op.name
+    if name == "SELECT_V2":
+        cond, t = t[0], t[1:]
+        if cond != circle.TensorType.TensorType.BOOL:
+            return "condition is not BOOL"
+    if len(set(t)) > 1:
+        return "input types differ: " + ", ".join(c.cf.tensors[i].type_name for i in op.inputs if i >= 0)
+    if name in _COMPARISONS:
+        return None if out == circle.TensorType.TensorType.BOOL else "comparison output is not BOOL"
+    if t and out != t[0]:
+        return f"output type {c.cf.tensors[op.outputs[0]].type_name} differs from the inputs'"
+    return None
 
 
 def _same_as_input(c: _Checker, op: OperatorView):

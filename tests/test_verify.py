@@ -295,3 +295,10 @@ def test_shape_signature_must_agree_with_shape(good):
         t = sg.tensors[sg.inputs[1]]
         t.shapeSignature = np.array([-1, 4, 8], dtype=np.int32)
     assert_problem(mutate(good, f), "shape_signature", "disagrees")
+
+
+def test_mismatched_operand_types(good):
+    def f(m, sg):
+        _, add = first_op(m, sg, "ADD")
+        sg.tensors[add.inputs[1]].type = circle.TensorType.TensorType.INT32
+    assert_problem(mutate(good, f), "ADD", "input types differ", "INT32")
