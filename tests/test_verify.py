@@ -302,3 +302,16 @@ def test_mismatched_operand_types(good):
         _, add = first_op(m, sg, "ADD")
         sg.tensors[add.inputs[1]].type = circle.TensorType.TensorType.INT32
     assert_problem(mutate(good, f), "ADD", "input types differ", "INT32")
+
+
+def test_external_weights_verify_and_truncation_is_caught(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    cm = circle_fx.export(model, (torch.randn(2, 64),), external_weights=True)
+    assert cm.serialized.external
+    report = circle_fx.verify(cm)
+    assert report.constants >= 4
+    path = cm.save(tmp_path / "ext.circle")
+    assert circle_fx.verify(path).operators == report.operators
+    data = open(path, "rb").read()
+    assert_problem(data[:-100], "external data", "past the end")
