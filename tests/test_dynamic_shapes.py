@@ -85,6 +85,26 @@ class MixingBlock(nn.Module):
         return y, y.mean(-1, keepdim=True), y[..., :3].amax(-1)
 
 
+class Attention(nn.Module):
+    """Grouped-query self-attention through F.scaled_dot_product_attention."""
+
+    def __init__(self, d=16, heads=4, kv_heads=2, causal=False):
+        super().__init__()
+        self.h, self.kvh, self.hd, self.causal = heads, kv_heads, d // heads, causal
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, kv_heads * self.hd)
+        self.v = nn.Linear(d, kv_heads * self.hd)
+        self.o = nn.Linear(d, d)
+
+    def forward(self, x, mask=None):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.h, self.hd).transpose(1, 2)
+        k = self.k(x).view(b, n, self.kvh, self.hd).transpose(1, 2)
+        v = self.v(x).view(b, n, self.kvh, self.hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, enable_gqa=True)
+        return self.o(y.transpose(1, 2).reshape(b, n, self.h * self.hd))
+
+
 def signature(cm, which):
     cf = read_circle(cm.to_bytes())
     idx = cf.inputs if which == "inputs" else cf.outputs
@@ -171,6 +191,40 @@ def test_shape_ops_dynamic_seq():
         assert hist[op] >= 1, (op, dict(hist))
     assert all(-1 in s for s in signature(cm, "outputs"))
     check_sizes(cm, model, lambda n: (torch.randn(1, n, 8),), [3, 11])
+
+
+def test_gqa_attention_dynamic_seq():
+    torch.manual_seed(0)
+    model = Attention().eval()
+    cm = circle_fx.export(model, (torch.randn(1, 5, 16),), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+    hist = cm.op_histogram()
+    assert hist["GATHER"] == 2 and hist["BATCH_MATMUL"] == 2 and hist["SOFTMAX"] == 1  # kv heads repeated
+    check_sizes(cm, model, lambda n: (torch.randn(1, n, 16),), [3, 13])
+
+
+def test_attention_with_a_mask_input_dynamic_seq():
+    """The way to get causal attention with a dynamic length: the mask is a model input."""
+    torch.manual_seed(0)
+    model = Attention().eval()
+    seq = Dim("seq", min=2, max=64)
+    mask = torch.zeros(1, 1, 5, 5)
+    cm = circle_fx.export(model, (torch.randn(1, 5, 16), mask), dynamic_shapes=({1: seq}, {2: seq, 3: seq}))
+    assert signature(cm, "inputs") == [[1, -1, 16], [1, 1, -1, -1]]
+
+    def inputs(n):
+        causal = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)[None, None]
+        return torch.randn(1, n, 16), causal
+
+    check_sizes(cm, model, inputs, [3, 10])
+
+
+def test_causal_attention_with_dynamic_seq_is_a_clear_error():
+    with pytest.raises(UnsupportedOpError) as info:
+        circle_fx.export(Attention(causal=True).eval(), (torch.randn(1, 5, 16),),
+                         dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+    msg = str(info.value)
+    assert "is_causal=True with a dynamic sequence length" in msg and "mask as a model input" in msg
+    assert "test_dynamic_shapes.py" in msg
 
 
 def test_saved_dynamic_model_runs_from_file(tmp_path):

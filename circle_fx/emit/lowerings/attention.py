@@ -27,6 +27,10 @@ def sdpa(ctx, node):
     q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = arguments(node)
     if dropout_p:
         raise ctx.error("attention dropout is not supported (export the model in eval mode)")
+    if any(ctx.is_dynamic(t) for t in (q, k, v)):
+        from .attention_dynamic import sdpa_dynamic
+
+        return sdpa_dynamic(ctx, node)
     dt = ctx.dtype(node)
     qs, ks, vs = ctx.static_shape(q), ctx.static_shape(k), ctx.static_shape(v)
     rank = len(qs)
