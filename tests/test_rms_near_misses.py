@@ -169,3 +169,18 @@ def test_variance_in_lower_precision_is_not_fused():
     program = fused_program(Narrow(), x)
     assert rms_nodes(program) == []
     assert_matches_eager(Narrow(), program, x)
+
+
+def test_square_rounded_before_a_widening_mean_is_not_fused():
+    """``x.pow(2).mean(-1, dtype=torch.float32)`` on bfloat16 squares in bfloat16 and only
+    then widens (torch casts the *input of the mean*); the fused op would square in float32,
+    so this stays unfused (canonicalized to ``mean(pow(x, 2).float())``) and exact."""
+
+    class SquareThenWiden(torch.nn.Module):
+        def forward(self, x):
+            return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True, dtype=torch.float32) + 1e-6)).to(x.dtype)
+
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    program = fused_program(SquareThenWiden(), x)
+    assert rms_nodes(program) == []
+    assert_matches_eager(SquareThenWiden(), program, x)

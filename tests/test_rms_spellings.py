@@ -228,3 +228,27 @@ def test_eps_as_a_scalar_tensor(cls):
     (node,) = rms_nodes(program)
     assert node.args[2] == pytest.approx(1e-5)
     assert_matches_eager(model, program, x)
+
+
+class _MixedCasts(torch.nn.Module):
+    """``x.to(torch.float32)`` and ``x.float()`` in one norm: one cast after canonicalization."""
+
+    def forward(self, x):
+        return (x.to(torch.float32) * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class _MeanWithDtype(torch.nn.Module):
+    """``mean(..., dtype=torch.float32)`` on a float32 value: the dtype argument is a no-op."""
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(torch.mean(xf * xf, -1, True, dtype=torch.float32) + 1e-6)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cls", [_MixedCasts, _MeanWithDtype])
+def test_cast_spelling_variants(cls, dtype):
+    model, x = cls(), torch.randn(2, 5, 16, dtype=dtype)
+    program = fused_program(model, x)
+    assert len(rms_nodes(program)) == 1, program.gm.graph
+    assert_matches_eager(model, program, x)

@@ -82,6 +82,28 @@ def divide_by_sqrt(n, g):
     return None
 
 
+def reduction_dtype_to_cast(n, g):
+    """``mean/sum(x, dims, keepdim, dtype=d)`` -> ``mean/sum(x.to(d), dims, keepdim)``:
+    torch casts the input before reducing, so this is exact; with ``d`` already the input's
+    dtype the cast disappears, and patterns never have to spell the ``dtype`` argument."""
+    if n.target not in (aten.mean.dim, aten.sum.dim_IntList):
+        return None
+    args = arguments(n)
+    x, dims, keepdim, dtype = args[:4]
+    if dtype is None or not isinstance(x, fx.Node) or not _is_float(x) or not _is_float(n):
+        return None  # integer sums promote to int64 on their own: not a plain cast there
+    cast = None
+    if dtype != dtype_of(x):
+        x = cast = make_node(g, aten._to_copy.default, (x,), {"dtype": dtype}, like=n)
+    new = make_node(g, n.target, (x, dims, keepdim), like=n)
+    if dtype_of(new) != dtype_of(n) or shape_of(new) != shape_of(n):
+        g.erase_node(new)
+        if cast is not None:
+            g.erase_node(cast)
+        return None
+    return new
+
+
 def sum_to_mean(n, g):
     """``sum(x, dims, keepdim) / N`` (or ``* (1/N)``) with N the reduced count -> ``mean``."""
     if n.target not in (aten.div.Tensor, aten.mul.Tensor) or not _is_float(n):
@@ -119,7 +141,8 @@ def merge_duplicate_casts(n, g):
     return None
 
 
-RULES: list[Rule] = [merge_duplicate_casts, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt, sum_to_mean]
+RULES: list[Rule] = [merge_duplicate_casts, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt,
+                     reduction_dtype_to_cast, sum_to_mean]
 
 
 class Canonicalize(Pass):
