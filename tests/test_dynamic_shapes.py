@@ -2,8 +2,9 @@
 the one Circle model runs in onert at several sizes, matching eager at each.
 
 Where a model cannot be lowered with a dynamic dim, the error says which op and why
-(the tiny Llama with a dynamic sequence length is such a case: its position ids and
-causal mask are computed from the length at run time with ops onert lacks).
+(the tiny Llama with a dynamic sequence length and only input_ids is such a case: its
+position ids and causal mask are computed from the length at run time with ops onert
+lacks; given the mask and position ids as inputs, it works).
 """
 from __future__ import annotations
 
@@ -251,7 +252,7 @@ def test_op_without_dynamic_support_names_itself():
     with pytest.raises(UnsupportedOpError) as info:
         circle_fx.export(ExpandToSeq(), (torch.randn(1, 5, 8),), dynamic_shapes=({1: Dim("seq", max=64)},))
     msg = str(info.value)
-    assert "aten.expand.default" in msg and "dynamic shape" in msg
+    assert "aten.expand.default" in msg and "expanding dim 1 from 1 to -1" in msg and "run time" in msg
     assert "test_dynamic_shapes.py" in msg  # the source line
 
 
@@ -276,9 +277,37 @@ def test_reshape_with_two_dynamic_dims_is_a_clear_error():
                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=64)},))
 
 
+def causal_mask(n: int) -> torch.Tensor:
+    return torch.triu(torch.full((n, n), float("-inf")), diagonal=1)[None, None]
+
+
+def test_tiny_llama_dynamic_seq_with_mask_and_positions_as_inputs(tiny_llama):
+    """Given the 4-D causal mask and the position ids as inputs, transformers builds nothing
+    from the length, and the unpatched Llama runs at any length from one Circle model
+    (repeat_kv's expand becomes TILE; RMSNorm is decomposed)."""
+    model, (ids,) = tiny_llama
+    seq = Dim("seq", min=2, max=64)
+    n = ids.shape[1]
+    cm = circle_fx.export(model, (ids,),
+                          example_kwargs={"attention_mask": causal_mask(n), "position_ids": torch.arange(n)[None]},
+                          dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {2: seq, 3: seq},
+                                          "position_ids": {1: seq}})
+    assert signature(cm, "inputs") == [[1, -1], [1, 1, -1, -1], [1, -1]]
+    assert signature(cm, "outputs") == [[1, -1, model.config.vocab_size]]
+    gen = torch.Generator().manual_seed(3)
+    for m in (3, 13):
+        x = torch.randint(0, model.config.vocab_size, (1, m), generator=gen)
+        (got,) = cm.run(x, causal_mask(m), torch.arange(m)[None])
+        with torch.no_grad():
+            want = model(input_ids=x).logits.numpy()  # the model's own mask: the same logits
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
 def test_tiny_llama_dynamic_seq_gives_a_clear_error(tiny_llama):
-    """Not supported: with a symbolic length, transformers builds position ids and the causal
-    mask at run time (arange, cumsum, diff, ...); with static shapes these fold away.
+    """Not supported from input_ids alone: with a symbolic length, transformers builds position
+    ids and the causal mask at run time (arange, cumsum, diff, ...); with static shapes these
+    fold away. (Passing mask and positions as inputs works: see the test above.)
 
     Why no lowering: onert 0.1.0 has no RANGE or CUMSUM kernel, and every op whose output
     *shape* comes from a run-time value fails at run ("num_elements() cannot calculate when

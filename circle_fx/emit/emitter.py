@@ -43,7 +43,8 @@ def check_supported(program: Program) -> None:
         if _has_dynamic_inputs(program):
             lines.append("  note: the model was exported with dynamic_shapes. Ops that compute from a dynamic "
                          "size (sym_size, arange, causal-mask construction) are folded to constants only when "
-                         "shapes are static: export without dynamic_shapes (one model per size) to avoid them")
+                         "shapes are static: export without dynamic_shapes (one model per size), or pass what they build "
+                         "(e.g. a transformers model's 4-D attention_mask and position_ids) as inputs")
         raise UnsupportedOpError("\n".join(lines), missing)
     if bad_dtypes:
         raise UnsupportedDtypeError(

@@ -52,6 +52,9 @@ def t(ctx, node):
 
 @lowering(aten.expand.default, aten.expand_as.default, aten.broadcast_to.default)
 def expand(ctx, node):
+    if ctx.is_dynamic(node.args[0]) or ctx.is_dynamic(node):
+        _expand_dynamic(ctx, node)
+        return
     src, out = ctx.static_shape(node.args[0]), ctx.static_shape(node)
     x = ctx.tensor(node.args[0])
     if src == out:
@@ -63,6 +66,34 @@ def expand(ctx, node):
         ctx.op(BO.RESHAPE, [x, ctx.int_const(padded)], [r])
         x = r
     ctx.op(BO.BROADCAST_TO, [x, ctx.int_const(out)], [ctx.output(node)])
+
+
+def _expand_dynamic(ctx, node):
+    """``expand`` with dynamic dims, as TILE: BROADCAST_TO needs the full output shape as a
+    constant, TILE only per-dim multiples, and a dynamic dim that is not expanded has
+    multiple 1 (e.g. ``repeat_kv``'s ``[b, kv, 1, seq, d] -> [b, kv, n, seq, d]``)."""
+    x = node.args[0]
+    src_shape, src_sig = ctx.shape_of(x)
+    out_shape, out_sig = ctx.shape_of(node)
+    src_sig = src_sig if src_sig is not None else list(src_shape)
+    out_sig = out_sig if out_sig is not None else list(out_shape)
+    t = ctx.tensor(x)
+    if len(src_sig) < len(out_sig):  # leading new dims: make ranks equal first
+        pad = len(out_sig) - len(src_sig)
+        shape, sig = [1] * pad + list(src_shape), [1] * pad + list(src_sig)
+        r = ctx.new_tensor(shape, ctx.dtype(node), "rank", sig)
+        ctx.op(BO.RESHAPE, [t, ctx.shape_operand(shape=shape, signature=sig)], [r])
+        t, src_sig = r, sig
+    multiples = []
+    for d, (a, b) in enumerate(zip(src_sig, out_sig)):
+        if a == b:
+            multiples.append(1)
+        elif a == 1 and b != -1:
+            multiples.append(b)
+        else:
+            raise ctx.error(f"expanding dim {d} from {a} to {b} (-1 = dynamic) needs the size at run time, "
+                            "which is not supported")
+    ctx.op(BO.TILE, [t, ctx.int_const(multiples, "multiples")], [ctx.output(node)])
 
 
 @lowering(aten.slice.Tensor)
