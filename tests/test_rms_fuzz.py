@@ -19,6 +19,7 @@ database), no deadline. ``make test`` prints the statistics (``event`` lines sho
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -67,3 +68,11 @@ def test_random_cases_in_onert_float32(case):
     want = want if isinstance(want, tuple) else (want,)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=500)
+@given(st.booleans().flatmap(lambda flawed: cases(flawed)))
+def test_many_random_cases_fx(case):
+    """The same property with a much larger budget (``make test-slow``)."""
+    _check_fx(case)
