@@ -531,6 +531,41 @@ def _strided_slice(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), want)
 
 
+def _slice(c: _Checker, op: OperatorView):
+    x = c.dims(op.inputs[0])
+    begin, size = c.const_ints(op.inputs[1]), c.const_ints(op.inputs[2])
+    if begin is None or size is None:
+        raise _Skip()
+    if not len(begin) == len(size) == len(x):
+        return f"begin/size lengths {len(begin)}/{len(size)} != input rank {len(x)}"
+    want = []
+    for d, (n, b, s) in enumerate(zip(x, begin, size)):
+        if n is not None and not (0 <= b <= n and (s == -1 or b + s <= n)):
+            return f"axis {d}: begin {b} size {s} out of range for {n}"
+        want.append(s if s != -1 else None if n is None else n - b)
+    return _expect(c.dims(op.outputs[0]), want)
+
+
+def _tile(c: _Checker, op: OperatorView):
+    x = c.dims(op.inputs[0])
+    mult = c.const_ints(op.inputs[1])
+    if mult is None:
+        raise _Skip()
+    if len(mult) != len(x):
+        return f"multiples {mult} do not match input rank {len(x)}"
+    return _expect(c.dims(op.outputs[0]), [None if d is None else d * m for d, m in zip(x, mult)])
+
+
+def _broadcast_to(c: _Checker, op: OperatorView):
+    target = c.const_ints(op.inputs[1])
+    if target is None:
+        raise _Skip()
+    want = _broadcast([c.dims(op.inputs[0]), target])
+    if isinstance(want, str) or want != target:
+        return f"input {_fmt(c.dims(op.inputs[0]))} cannot broadcast to {target}"
+    return _expect(c.dims(op.outputs[0]), target)
+
+
 _ELEMENTWISE = ["ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
                 "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
                 "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD"]
@@ -542,4 +577,5 @@ _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)}
 _RULES.update({BO.RMS_NORM: _rms_norm, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
-               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice})
+               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile,
+               BO.BROADCAST_TO: _broadcast_to})

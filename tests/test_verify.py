@@ -315,3 +315,20 @@ def test_external_weights_verify_and_truncation_is_caught(tmp_path):
     assert circle_fx.verify(path).operators == report.operators
     data = open(path, "rb").read()
     assert_problem(data[:-100], "external data", "past the end")
+
+
+class SliceTile(nn.Module):
+    def forward(self, x):
+        a, b = x.split([3, 5], dim=-1)  # SLICE
+        return a.expand(2, 4, 3) * 2.0, b  # BROADCAST_TO
+
+
+@pytest.mark.parametrize("op", ["SLICE", "BROADCAST_TO"])
+def test_wrong_output_shape_slice_broadcast(op):
+    data = circle_fx.export(SliceTile(), (torch.randn(1, 4, 8),)).to_bytes()
+    circle_fx.verify(data)
+
+    def f(m, sg):
+        _, o = first_op(m, sg, op)
+        sg.tensors[o.outputs[0]].shape[-1] += 1
+    assert_problem(mutate(data, f), op, "should be")
