@@ -115,6 +115,10 @@ def _summarise_export_error(err: Exception) -> str:
         if i + 1 < len(lines) and not lines[i + 1].strip().startswith(("File ", "The error above")):
             where += ": " + lines[i + 1].strip()
         parts.append("  at " + where)
+    else:
+        frame = _user_frame(err)
+        if frame:
+            parts.append("  at " + frame)
     hint = next((h for keys, h in _KNOWN_EXPORT_FAILURES if any(k in text or k in type(err).__name__
                                                                  for k in keys)), None)
     if hint is None:
@@ -123,6 +127,21 @@ def _summarise_export_error(err: Exception) -> str:
         parts.append("  hint: " + hint)
     parts.append("  (torch's full message is in the chained exception)")
     return "\n".join(parts)
+
+
+def _user_frame(err: Exception) -> str | None:
+    """The innermost frame of the model's own code in the traceback (torch's message often
+    has none): outside the torch package, else an ``nn.Module`` of torch's own."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    package = os.path.dirname(os.path.abspath(__file__))
+    outside = [f for f in frames if "/torch/" not in f.filename and not f.filename.startswith((package, "<"))]
+    modules = [f for f in frames if "/torch/nn/modules/" in f.filename]
+    for f in (outside or modules)[-1:]:
+        return f'File "{f.filename}", line {f.lineno}, in {f.name}: {(f.line or "").strip()}'
+    return None
 
 
 def _is_input_mismatch(err: Exception) -> bool:

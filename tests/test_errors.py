@@ -50,6 +50,19 @@ def test_data_dependent_control_flow_is_a_short_capture_error():
     assert err.__cause__ is not None  # torch's full message stays reachable
 
 
+class ShapeBug(nn.Module):
+    def forward(self, x):
+        return x @ torch.ones(3, 3)  # x is [2, 4]
+
+
+def test_model_error_during_capture_names_the_line():
+    err = raised(lambda: circle_fx.export(ShapeBug(), (torch.randn(2, 4),)), CaptureError)
+    msg = str(err)
+    assert "[2, 4] X [3, 3]" in msg
+    assert f"{HERE}\", line" in msg and "return x @ torch.ones(3, 3)" in msg
+    assert len(msg.splitlines()) <= 4
+
+
 class MutatesBuffer(nn.Module):
     def __init__(self):
         super().__init__()
