@@ -63,13 +63,33 @@ class CircleModel:
         if len(inputs) != len(self.builder.inputs):
             raise InputError(f"model takes {len(self.builder.inputs)} input(s) "
                              f"{self.builder.input_names}, got {len(inputs)}")
-        arrays = [x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in inputs]
+        arrays = [self._check_input(k, x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x))
+                  for k, x in enumerate(inputs)]
         if self._session is None:
             path = temp_circle_path()
             write_atomic(path, self.serialized)
             self._session_path = path
             self._session = OnertSession(path)
         return self._session.run(arrays)
+
+    def _check_input(self, k: int, array: np.ndarray) -> np.ndarray:
+        """Shape and dtype against the model's input tensor: onert runs a wrongly shaped input
+        without complaint (and returns garbage), so mismatches are caught here."""
+        from .emit.types import CIRCLE_TO_NUMPY
+
+        t = self.builder.tensors[self.builder.inputs[k]]
+        want = t.shape_signature if t.shape_signature is not None else t.shape
+        name = self.builder.input_names[k]
+        if array.ndim != len(want) or any(w != -1 and w != d for w, d in zip(want, array.shape)):
+            raise InputError(f"input {name!r} has shape {list(array.shape)}; the model expects {want}"
+                             + (" (-1: any size)" if -1 in want else
+                                " (export with dynamic_shapes for other sizes)"))
+        dtype = CIRCLE_TO_NUMPY[t.type]
+        if array.dtype != dtype:
+            if array.dtype.kind != dtype.kind:
+                raise InputError(f"input {name!r} has dtype {array.dtype}; the model expects {dtype}")
+            array = array.astype(dtype)
+        return array
 
     def __del__(self):
         path = getattr(self, "_session_path", None)

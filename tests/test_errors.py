@@ -135,6 +135,17 @@ def test_run_with_wrong_input_count(tmp_path):
     assert "takes 1 input" in str(err) and "'x'" in str(err)
 
 
+def test_run_with_wrong_shape_or_dtype():
+    """onert itself runs a [2, 5] input through a [2, 4] model without a word (garbage out)."""
+    cm = circle_fx.export(Lin(), (torch.randn(2, 4),))
+    err = raised(lambda: cm.run(torch.randn(2, 5)), InputError)
+    assert "'x' has shape [2, 5]; the model expects [2, 4]" in str(err) and "dynamic_shapes" in str(err)
+    err = raised(lambda: cm.run(torch.ones(2, 4, dtype=torch.int64)), InputError)
+    assert "'x' has dtype int64; the model expects float32" in str(err)
+    (out,) = cm.run(np.ones((2, 4), np.float64))  # same kind: converted
+    assert out.dtype == np.float32 and out.shape == (2, 4)
+
+
 # ---------------------------------------------------------------- unsupported
 class Unsupported(nn.Module):
     def forward(self, x):
