@@ -13,6 +13,7 @@ so callers never branch on it.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Optional
 
 #: seconds a conversion must run before the bar appears (tqdm's ``delay``)
@@ -50,15 +51,22 @@ class Progress(NullProgress):
 
         self._bar = tqdm(total=0, desc="circle_fx", unit="step", file=stream or sys.stderr,
                          delay=delay, leave=False, dynamic_ncols=True)
+        self._shown_after = time.monotonic() + delay
 
     def stage(self, name: str, total: int) -> None:
-        self._bar.set_description(f"circle_fx {name}", refresh=False)
-        self._bar.reset(total=total)  # redraws (when visible) with the new description
+        bar = self._bar
+        bar.set_description(f"circle_fx {name}", refresh=False)
+        if time.monotonic() >= self._shown_after:
+            bar.reset(total=total)  # visible: restart the counts and redraw
+        else:  # tqdm's reset() would draw now; keep quiet until the delay has passed
+            bar.total, bar.n, bar.last_print_n = total, 0, 0
 
     def update(self, n: int = 1) -> None:
         self._bar.update(n)
 
     def close(self) -> None:
+        if time.monotonic() >= self._shown_after:
+            self._bar.delay = 0  # after a reset() tqdm would think it never drew, and not clear the line
         self._bar.close()
 
 
