@@ -81,3 +81,23 @@ def test_bar_overhead_is_negligible():
     per_tick = (time.perf_counter() - t) / n
     bar.close()
     assert per_tick < 20e-6, f"{per_tick * 1e6:.1f} us per update"
+
+
+def test_delay_holds_across_stages_and_visible_bar_is_cleared():
+    quiet = FakeTTY()
+    bar = Progress(quiet, delay=60.0)  # a short conversion: never reaches the delay
+    for stage in ("torch.export", "passes", "emit"):
+        bar.stage(stage, 3)
+        bar.update(3)
+    bar.close()
+    assert quiet.getvalue() == ""
+
+    shown = FakeTTY()
+    bar = Progress(shown, delay=0.0)
+    bar.stage("passes", 2)
+    bar.update(2)
+    bar.stage("emit", 5)
+    bar.close()
+    out = shown.getvalue()
+    assert "circle_fx passes" in out and "circle_fx emit" in out
+    assert out.rstrip(" ").endswith("\r")  # close() blanked the line (leave=False)
