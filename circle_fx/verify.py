@@ -66,7 +66,10 @@ def verify(src) -> VerifyReport:
     Raises :class:`VerifyError` whose ``.problems`` lists every problem found.
     """
     if hasattr(src, "to_bytes") and hasattr(src, "serialized"):  # a CircleModel
-        src = src.to_bytes() if src.serialized.external else src.serialized.head  # head: no copy
+        ser = src.serialized
+        # inline: the flatbuffer as built, without filling in large weights (their bytes are not
+        # needed to check structure, and filling them would copy every weight)
+        src = src.to_bytes() if ser.external else getattr(ser, "flatbuffer", None) or ser.head
     cf = read_circle(src)
     checker = _Checker(cf)
     checker.run()

@@ -112,7 +112,11 @@ def test_conftest_hook_verifies_every_run_and_save(cover, tmp_path):
 
     if os.environ.get("CIRCLE_FX_VERIFY", "1") == "0":
         pytest.skip("hook disabled by CIRCLE_FX_VERIFY=0")
+    import circle_fx.api
+
     assert hasattr(CircleModel.run, "__wrapped__") and hasattr(CircleModel.save, "__wrapped__")
+    assert hasattr(circle_fx.api.lower, "__wrapped__")
+    assert getattr(cover[0], "_cfx_verified", False)  # verified as soon as it was exported
     cm, model, inputs = cover
     bad = mutate(cm.to_bytes(), lambda m, sg: setattr(sg.operators[0], "inputs", np.array([99, 0])))
     broken = CircleModel(cm.builder, Serialized(memoryview(bad)), cm.report, cm.program)
