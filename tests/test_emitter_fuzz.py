@@ -393,6 +393,17 @@ class InputIsOutput(nn.Module):
         return x, x + 1.0
 
 
+class ConstantOutputs(nn.Module):
+    """A parameter and a folded constant as outputs: no operator produces them, so they get a copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 3))
+
+    def forward(self, x):
+        return x + 1.0, self.w, self.w * 2.0
+
+
 class Reduce4D(nn.Module):
     """onert rejects 4-D MEAN/SUM/REDUCE_MAX with keepDims=False on most axes."""
 
@@ -412,7 +423,8 @@ class Linear1D(nn.Module):
 
 
 @pytest.mark.parametrize("model, shape", [(OutputAlsoConsumed(), (2, 3)), (SameOutputTwice(), (2, 3)),
-                                          (InputIsOutput(), (2, 3)), (Reduce4D(), (2, 3, 4, 5)),
+                                          (InputIsOutput(), (2, 3)), (ConstantOutputs(), (2, 3)),
+                                          (Reduce4D(), (2, 3, 4, 5)),
                                           (Linear1D(), (3,))], ids=lambda v: type(v).__name__)
 def test_regressions(model, shape):
     x = torch.randn(shape)
