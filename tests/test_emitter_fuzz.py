@@ -435,7 +435,7 @@ def test_regressions(model, shape):
     got = circle_fx.export(model, (x,)).run(x)
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
-        np.testing.assert_allclose(g, r.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(g, r.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=int(os.environ.get("CIRCLE_FX_FUZZ_EXAMPLES", 60)) * 2 // 3, deadline=None,
