@@ -7,7 +7,7 @@ What is tested and what is not:
   bit-exactly with circle_schema (slow: it builds and writes a 2.2 GB model);
 - running such files in onert: **blocked by the runtime**. onert 0.1.0 segfaults in
   ``prepare()`` on any external buffer (its loader only reads ``Buffer.data``) and cannot
-  map files over 2 GiB (see /tmp/FINDINGS_onert.md §2). Those tests are
+  map files over 2 GiB (see docs/onert-findings.md §2). Those tests are
   ``xfail(strict=True)`` with the exact failure as ``raises=``: any other failure is a
   real test failure, and an onert that starts working turns them into XPASS errors. onert
   runs in a subprocess so its segfault cannot take pytest down. A control test runs the
@@ -92,7 +92,7 @@ def test_onert_harness_runs_inline_weights(small, tmp_path):
 
 @pytest.mark.xfail(raises=OnertCrashed, strict=True,
                    reason="onert 0.1.0 cannot read Buffer.offset/size: it segfaults in prepare() "
-                          "(its loader only reads Buffer.data); see /tmp/FINDINGS_onert.md section 2")
+                          "(its loader only reads Buffer.data); see docs/onert-findings.md section 2")
 def test_external_weights_run_in_onert(small, tmp_path):
     model, x, ref = small
     cm = circle_fx.export(model, (x,), external_weights=True, verbose=False)
