@@ -138,6 +138,23 @@ def _check_weight(m: Match):
     return None
 
 
+def _check_shape_kept(m: Match):
+    # a norm keeps its input's shape; an operand that broadcasts further (an epsilon
+    # tensor of shape [1, 1, 1, 1] added to a 3-D variance) would be lost by the fused op
+    if shape_of(m.root) != shape_of(m["x"]):
+        return f"the result has shape {list(shape_of(m.root))}, not the input's {list(shape_of(m['x']))}"
+    return None
+
+
+def _check_casts_to_float(m: Match):
+    # optional_cast accepts any conversion; a cast to an integer or bool type rounds the
+    # value, which the fused op would not
+    for n in m.nodes:
+        if n.op == "call_function" and n.target in CAST_OPS and not dtype_of(n).is_floating_point:
+            return f"{describe(n)} converts to {dtype_of(n)}, not a floating type"
+    return None
+
+
 def _check_variance_not_narrowed(m: Match):
     # optional_cast accepts any conversion; only a widening one (T5, Llama in half) keeps
     # the fused op's float32 accumulation faithful to the graph
@@ -179,14 +196,16 @@ def _replace_weighted(m, graph):
 
 
 _CORE_CHECKS = (_check_float_input, _check_last_axis, _check_eps, _check_not_centred, _check_variance_not_narrowed)
+#: last on every rule, so the more specific messages above win in ``explain``
+_SOUND_CHECKS = (_check_shape_kept, _check_casts_to_float)
 
 RULES = [
     Rewrite("rms_norm_weight_inside", Pattern(rms_weight_inside), _replace_weighted,
-            _CORE_CHECKS + (_check_weight,), produces="rms_norm"),
+            _CORE_CHECKS + (_check_weight,) + _SOUND_CHECKS, produces="rms_norm"),
     Rewrite("rms_norm_weight_on_scale", Pattern(rms_weight_on_scale), _replace_weighted,
-            _CORE_CHECKS + (_check_weight,), produces="rms_norm"),
-    Rewrite("rms_norm", Pattern(rms_core), _replace_core, _CORE_CHECKS, produces="rms_norm"),
+            _CORE_CHECKS + (_check_weight,) + _SOUND_CHECKS, produces="rms_norm"),
+    Rewrite("rms_norm", Pattern(rms_core), _replace_core, _CORE_CHECKS + _SOUND_CHECKS, produces="rms_norm"),
     Rewrite("rms_norm_weight", Pattern(rms_absorb_weight), _replace_weighted,
-            (_check_weight,), produces="rms_norm"),
+            (_check_weight,) + _SOUND_CHECKS, produces="rms_norm"),
 ]
 """The RMSNorm rules, tried in this order at each candidate root."""
