@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import sys
-import time
 
 import pytest
 import torch
@@ -70,17 +69,30 @@ def test_progress_for_picks_the_null_object():
     bar.close()
 
 
-def test_bar_overhead_is_negligible():
-    """Ticking once per node must cost microseconds, not milliseconds, per node."""
+class CountingTTY(FakeTTY):
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def write(self, s):
+        self.writes += 1
+        return super().write(s)
+
+
+def test_ticks_do_not_redraw_the_bar_each_time():
+    """One update per node stays cheap because tqdm redraws at most every ``mininterval``,
+    not per tick. (How many microseconds a tick costs is a benchmark question: a wall-clock
+    bound in a unit test fails on a loaded machine.)"""
     n = 20000
-    bar = Progress(FakeTTY(), delay=0.0)
+    stream = CountingTTY()
+    bar = Progress(stream, delay=0.0)
     bar.stage("emit", n)
-    t = time.perf_counter()
+    before = stream.writes
     for _ in range(n):
         bar.update()
-    per_tick = (time.perf_counter() - t) / n
+    redraws = stream.writes - before
     bar.close()
-    assert per_tick < 20e-6, f"{per_tick * 1e6:.1f} us per update"
+    assert redraws < n // 100, f"{redraws} writes for {n} updates"
 
 
 def test_delay_holds_across_stages_and_visible_bar_is_cleared():
