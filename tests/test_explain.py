@@ -182,15 +182,12 @@ def test_explain_does_not_touch_the_model():
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_tiny_llama_fuses_everything():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
-    model = LlamaForCausalLM(cfg).eval()
-    result = circle_fx.explain(model, (torch.randint(0, 64, (1, 6)),))
+def test_tiny_llama_fuses_everything(tiny_llama):
+    model, inputs = tiny_llama
+    result = circle_fx.explain(model, inputs)
     assert result.entries == [], result.format()
-    assert len(result.fused) == 3  # input, post-attention, final norm
+    # input and post-attention norm per layer, plus the final norm
+    assert len(result.fused) == 2 * model.config.num_hidden_layers + 1 == 5
 
 
 EXPLAIN_FUZZ = settings(max_examples=30, deadline=None, derandomize=True, database=None,
