@@ -211,6 +211,16 @@ def rms_nodes(program):
     return [n for n in program.gm.graph.nodes if n.op == "call_function" and n.target is rms_norm]
 
 
+def rms_epsilon(op) -> float:
+    """The epsilon stored in a Circle RMS_NORM operator (an ``OperatorView`` of ``read_circle``)."""
+    from circle_schema import circle
+
+    table = op.raw.BuiltinOptions()
+    opts = circle.RmsNormOptions.RmsNormOptions()
+    opts.Init(table.Bytes, table.Pos)
+    return opts.Epsilon()
+
+
 def tolerance(dtype) -> dict:
     """FX-level tolerance: float32 1e-5; half types a few units of their precision.
 

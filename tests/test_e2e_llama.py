@@ -13,11 +13,12 @@ import os
 import numpy as np
 import pytest
 import torch
-from circle_schema import circle
 
 import circle_fx
 from circle_fx.reader import read_circle
 from circle_fx.runtime import OnertSession
+
+from rms_cases import rms_epsilon
 
 ATOL = 1e-4
 
@@ -25,13 +26,6 @@ ATOL = 1e-4
 def eager_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         return model(input_ids=ids).logits.numpy()
-
-
-def rms_epsilon(cf, op) -> float:
-    table = op.raw.BuiltinOptions()
-    opts = circle.RmsNormOptions.RmsNormOptions()
-    opts.Init(table.Bytes, table.Pos)
-    return opts.Epsilon()
 
 
 def test_every_rmsnorm_is_one_rms_norm_operator(tiny_llama, tiny_llama_circle):
@@ -99,7 +93,7 @@ def test_rms_norm_operators_carry_the_norm_weights_and_eps(tiny_llama, tiny_llam
     assert len(ops) == len(norms)
     for op, want in zip(ops, norms):  # emitted in execution order, as the modules are listed
         np.testing.assert_array_equal(cf.tensor_data(op.inputs[1]), want)
-        assert rms_epsilon(cf, op) == pytest.approx(model.config.rms_norm_eps, rel=1e-6)
+        assert rms_epsilon(op) == pytest.approx(model.config.rms_norm_eps, rel=1e-6)
 
 
 def test_embedding_table_stored_once_as_gather_params(tiny_llama, tiny_llama_circle):
@@ -135,24 +129,6 @@ def test_save_writes_exactly_to_bytes_and_runs(tmp_path, tiny_llama, tiny_llama_
     assert os.listdir(tmp_path) == ["llama.circle"]  # no temp file left behind
     (got,) = OnertSession(str(path)).run([ids.numpy()])
     np.testing.assert_allclose(got, eager_logits(model, ids), rtol=0, atol=ATOL)
-
-
-def test_save_is_atomic_when_writing_fails(tmp_path, monkeypatch, tiny_llama_circle):
-    path = tmp_path / "model.circle"
-    path.write_bytes(b"previous content")
-    serialized = tiny_llama_circle.serialized
-    original = type(serialized).write_to
-
-    def fail_halfway(self, f):
-        f.write(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(type(serialized), "write_to", fail_halfway)
-    with pytest.raises(OSError, match="disk full"):
-        tiny_llama_circle.save(path)
-    monkeypatch.setattr(type(serialized), "write_to", original)
-    assert path.read_bytes() == b"previous content"
-    assert os.listdir(tmp_path) == ["model.circle"]
 
 
 def test_without_passes_llama_still_exports_and_matches(tiny_llama):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from circle_schema import circle
 
 import circle_fx
 from circle_fx.reader import read_circle
+
+from rms_cases import rms_epsilon
 
 ATOL = 1e-4
 D = 16
@@ -40,13 +41,6 @@ def _rms_norm_ops(cm):
     return cf, [op for op in cf.operators if op.name == "RMS_NORM"]
 
 
-def _epsilon(op) -> float:
-    table = op.raw.BuiltinOptions()
-    opts = circle.RmsNormOptions.RmsNormOptions()
-    opts.Init(table.Bytes, table.Pos)
-    return opts.Epsilon()
-
-
 # --------------------------------------------------------------------- torch.nn.RMSNorm
 
 @pytest.mark.parametrize("shape", [(2, 5, D), (3, D), (2, 3, 4, D)], ids=["3d", "2d", "4d"])
@@ -60,7 +54,7 @@ def test_nn_rmsnorm_becomes_one_rms_norm(shape):
     assert set(hist) <= {"RMS_NORM", "RESHAPE"}  # 2-D input is reshaped to 3-D around it
     cf, (op,) = _rms_norm_ops(cm)
     np.testing.assert_array_equal(cf.tensor_data(op.inputs[1]), norm.weight.detach().numpy())
-    assert _epsilon(op) == pytest.approx(1e-6, rel=1e-6)
+    assert rms_epsilon(op) == pytest.approx(1e-6, rel=1e-6)
 
 
 def test_nn_rmsnorm_without_weight_and_default_eps():
@@ -70,7 +64,7 @@ def test_nn_rmsnorm_without_weight_and_default_eps():
     cm = _export_and_compare(norm, x)
     cf, (op,) = _rms_norm_ops(cm)
     np.testing.assert_array_equal(cf.tensor_data(op.inputs[1]), np.ones(D, np.float32))
-    assert _epsilon(op) == pytest.approx(torch.finfo(torch.float32).eps, rel=1e-6)
+    assert rms_epsilon(op) == pytest.approx(torch.finfo(torch.float32).eps, rel=1e-6)
 
 
 def test_nn_rmsnorm_over_two_axes_is_spelled_out():
