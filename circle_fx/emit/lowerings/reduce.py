@@ -25,18 +25,24 @@ def reduce(ctx, node):
 
 
 def _emit_reduce(ctx, node, code, x, axes, keepdim):
-    """onert's shape validator rejects most 4-D reductions with keepDims=False (only axes
+    reduce_into(ctx, code, ctx.tensor(x), x, axes, keepdim, ctx.output(node))
+
+
+def reduce_into(ctx, code, src, x, axes, keepdim, out):
+    """Reduce tensor ``src`` (shaped like node ``x``) over ``axes`` into tensor ``out``.
+
+    onert's shape validator rejects most 4-D reductions with keepDims=False (only axes
     [3] and [1, 2] pass), so 4-D inputs reduce with keepDims=True and RESHAPE after."""
     if keepdim or ctx.rank(x) != 4 or len(axes) == 4:
-        ctx.op(code, [ctx.tensor(x), ctx.int_const(axes, "axes")], [ctx.output(node)],
-               options("ReducerOptions", keepDims=keepdim))
+        ctx.op(code, [src, ctx.int_const(axes, "axes")], [out], options("ReducerOptions", keepDims=keepdim))
         return
     shape, sig = ctx.shape_of(x)
     kept = [1 if d in axes else s for d, s in enumerate(shape)]
     kept_sig = [1 if d in axes else s for d, s in enumerate(sig)] if sig is not None else None
-    tmp = ctx.new_tensor(kept, ctx.dtype(node), "keepdims", kept_sig)
-    ctx.op(code, [ctx.tensor(x), ctx.int_const(axes, "axes")], [tmp], options("ReducerOptions", keepDims=True))
-    ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(node)], [ctx.output(node)])
+    o = ctx.builder.tensors[out]
+    tmp = ctx.builder.add_tensor(f"{ctx.node.name}/keepdims", kept, o.type, 0, kept_sig)
+    ctx.op(code, [src, ctx.int_const(axes, "axes")], [tmp], options("ReducerOptions", keepDims=True))
+    ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(shape=o.shape, signature=o.shape_signature)], [out])
 
 
 @lowering(aten.mean.default, aten.sum.default)

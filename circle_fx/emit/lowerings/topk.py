@@ -18,6 +18,7 @@ from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
 from ._common import BO, options
+from .reduce import reduce_into
 
 aten = torch.ops.aten
 
@@ -63,8 +64,7 @@ def max_dim(ctx, node):
     src = ctx.tensor(x) if node.target is aten.max.dim else _negated(ctx, x, shape, dt)
     if values is not None:
         red = values if node.target is aten.max.dim else ctx.new_tensor(ctx.builder.tensors[values].shape, dt, "negmax")
-        ctx.op(BO.REDUCE_MAX, [src, ctx.int_const([axis], "axes")], [red],
-               options("ReducerOptions", keepDims=bool(keepdim)))
+        reduce_into(ctx, BO.REDUCE_MAX, src, x, [axis], bool(keepdim), red)
         if red != values:
             ctx.op(BO.NEG, [red], [values])
     if indices is not None:
