@@ -28,9 +28,9 @@ def clamp(ctx, node):
     x = operand(ctx, args[0], dt)
     steps = [(code, bound) for code, bound in ((BO.MAXIMUM, lo), (BO.MINIMUM, hi)) if bound is not None]
     if not steps:  # clamp(x) with no bounds is the identity
-        ctx.op(BO.RESHAPE, [x, ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])
+        ctx.op(BO.RESHAPE, [x, ctx.shape_operand(node)], [ctx.output(node)])
         return
     for i, (code, bound) in enumerate(steps):
-        out = ctx.output(node) if i == len(steps) - 1 else ctx.new_tensor(ctx.static_shape(node), dt, "clamp_lo")
+        out = ctx.output(node) if i == len(steps) - 1 else ctx.like(node, "clamp_lo")
         ctx.op(code, [x, operand(ctx, bound, dt)], [out])
         x = out
