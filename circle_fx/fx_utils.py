@@ -107,6 +107,14 @@ def look_through(value: Any) -> Any:
     return value
 
 
+def strip_casts(value: Any) -> Any:
+    """``value`` with every dtype conversion (and no-op) in front of it removed."""
+    value = look_through(value)
+    while isinstance(value, fx.Node) and value.op == "call_function" and value.target in CAST_OPS:
+        value = look_through(value.args[0])
+    return value
+
+
 _FAKE_MODES: "weakref.WeakKeyDictionary[fx.Graph, Any]" = weakref.WeakKeyDictionary()
 
 

@@ -24,7 +24,7 @@ import math
 import torch
 import torch.fx as fx
 
-from ..fx_utils import CAST_OPS, dtype_of, look_through, make_node, shape_of
+from ..fx_utils import CAST_OPS, dtype_of, look_through, make_node, shape_of, strip_casts
 from ..ops import rms_norm
 from ..program import fetch_attr
 from ..source import describe
@@ -104,20 +104,12 @@ def _check_eps(m: Match):
     return None
 
 
-def _strip_casts(v):
-    """``v`` with every dtype conversion (and no-op) in front of it removed."""
-    v = look_through(v)
-    while isinstance(v, fx.Node) and v.op == "call_function" and v.target in CAST_OPS:
-        v = look_through(v.args[0])
-    return v
-
-
 def _check_not_centred(m: Match):
     # casts are stripped: in half precision LayerNorm is often ``(x - mean(x)).float()``
-    x = _strip_casts(m["x"])
+    x = strip_casts(m["x"])
     if isinstance(x, fx.Node) and x.target is aten.sub.Tensor:
-        a, mu = _strip_casts(x.args[0]), _strip_casts(x.args[1])
-        if isinstance(mu, fx.Node) and mu.target is aten.mean.dim and _strip_casts(mu.args[0]) is a:
+        a, mu = strip_casts(x.args[0]), strip_casts(x.args[1])
+        if isinstance(mu, fx.Node) and mu.target is aten.mean.dim and strip_casts(mu.args[0]) is a:
             return "the input is mean-centred (x - mean(x)): this is LayerNorm, not RMSNorm"
     return None
 
