@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 import torch.fx as fx
 
-from .fx_utils import CAST_OPS, look_through
+from .fx_utils import strip_casts
 from .ops import rms_norm
 from .passes import default_pipeline, finalize_pipeline, fuse_rms_norm, run_passes
 from .patterns.matcher import MatchFailure
@@ -129,7 +129,11 @@ def explain_program(program) -> ExplainResult:
     run_passes(program, pipeline)
     run_passes(program, finalize_pipeline())
     graph = program.gm.graph
-    recorded = [f for f in program.notes.get("near_misses", []) if _alive(f.root)]
+    # by root, each with its position so candidates see them in recording order
+    recorded: dict[fx.Node, list] = {}
+    for i, f in enumerate(program.notes.get("near_misses", [])):
+        if _alive(f.root):
+            recorded.setdefault(f.root, []).append((i, f))
     rule_names = {id(r.pattern): r.name for r in fuse.rules}
 
     result = ExplainResult()
@@ -164,9 +168,7 @@ def _alive(n: fx.Node) -> bool:
 
 
 def _is_square_like(v) -> bool:
-    v = look_through(v)
-    while isinstance(v, fx.Node) and v.op == "call_function" and v.target in CAST_OPS:
-        v = look_through(v.args[0])
+    v = strip_casts(v)
     return isinstance(v, fx.Node) and v.op == "call_function" and v.target in _SQUARE_LIKE
 
 
@@ -205,13 +207,13 @@ def _explain_candidate(node, fuse, recorded, rule_names, require_check: bool, ho
     roots = _downstream(node, hops)
     depth = {n: i for i, n in enumerate(roots)}
     failures: list[tuple[MatchFailure, str]] = [
-        (f, rule_names.get(id(f.pattern), f.pattern.name)) for f in recorded if f.root in depth]
+        (f, rule_names.get(id(f.pattern), f.pattern.name))
+        for _, f in sorted((r for root in roots for r in recorded.get(root, ())), key=lambda r: r[0])]
     for root in roots:  # fresh attempts on the final graph (cover first-op failures the pass skips)
-        for rule in fuse.rules:
-            if root.target == rule.root_target:
-                m = try_rewrite(rule, root)
-                if not m:
-                    failures.append((m, rule.name))
+        for rule in fuse.rules_for(root):
+            m = try_rewrite(rule, root)
+            if not m:
+                failures.append((m, rule.name))
     if require_check:
         failures = [(f, r) for f, r in failures if f.check is not None and f.root in node.users]
     if not failures and require_check:

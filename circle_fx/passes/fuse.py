@@ -41,6 +41,10 @@ class FusePatterns(Pass):
         for r in self.rules:
             self._by_root[r.root_target].append(r)
 
+    def rules_for(self, node) -> list[Rewrite]:
+        """The rules whose pattern root has ``node``'s op, in rule order."""
+        return self._by_root.get(node.target, []) if node.op == "call_function" else []
+
     def run(self, program) -> bool:
         g = program.gm.graph
         records: dict = program.gm.meta.setdefault("circle_fx.fusions", {})
@@ -49,7 +53,7 @@ class FusePatterns(Pass):
         for node in list(g.nodes):
             if getattr(node, "_erased", False) or node.op != "call_function":
                 continue
-            for rule in self._by_root.get(node.target, ()):
+            for rule in self.rules_for(node):
                 m = try_rewrite(rule, node)
                 if not m:
                     if misses is not None and m.progress >= 2:
