@@ -35,7 +35,7 @@ class Family:
     build: Callable[[], torch.nn.Module]
     #: "logits" (causal LM, exported with use_cache=False) or "last_hidden_state" (encoder)
     output: str = "logits"
-    #: why the family cannot be exported / lowered yet (the test xfails strictly)
+    #: why the family cannot be lowered yet (the test xfails strictly, on UnsupportedOpError only)
     xfail: str | None = None
     #: operators the test otherwise forbids that this family legitimately needs: op -> why
     allowed_ops: dict = field(default_factory=dict)
