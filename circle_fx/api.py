@@ -59,7 +59,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass
         run_passes(program, [p], report.pass_timings)
         progress.update()
-    report.fusions = list(program.gm.meta.get("circle_fx.fusions", {}).values())
+    report.fusions = program.fusions()
     t2 = time.perf_counter()
     builder = emit(program, progress=progress)
     serialized = serialize(builder, external=external_weights)

@@ -137,7 +137,7 @@ def explain_program(program) -> ExplainResult:
     rule_names = {id(r.pattern): r.name for r in fuse.rules}
 
     result = ExplainResult()
-    for rec in program.gm.meta.get("circle_fx.fusions", {}).values():
+    for rec in program.fusions():
         result.fused.append(Fused(rec.kind, rec.node, list(rec.rules), rec.source))
 
     reported: set[fx.Node] = set()

@@ -38,7 +38,8 @@ class Program:
         return fetch_attr(self.gm, node.target)
 
     def fusions(self) -> list:
-        return self.gm.meta.setdefault("circle_fx.fusions", [])
+        """The fusion records (``FusionRecord``) the fuse passes kept, in the order made."""
+        return list(self.gm.meta.get("circle_fx.fusions", {}).values())
 
 
 def fetch_attr(gm: fx.GraphModule, target: str):
