@@ -1,6 +1,8 @@
-"""Helpers shared by lowerings (options objects, broadcasting scalars)."""
+"""Helpers shared by lowerings (options objects, operands in a given dtype)."""
 from __future__ import annotations
 
+import torch
+import torch.fx as fx
 from circle_schema import circle
 
 from ..builder import BO  # noqa: F401  (re-exported for lowering modules)
@@ -19,9 +21,13 @@ def options(name: str, **fields):
     return obj
 
 
-def scalar_dtype(ctx, node, *operands):
-    """dtype a Python scalar operand should take: the node's computation dtype."""
-    for o in operands:
-        if hasattr(o, "meta"):
-            return ctx.dtype(node) if ctx.dtype(node) is not None else ctx.dtype(o)
-    return ctx.dtype(node)
+def operand(ctx, value, dtype: torch.dtype) -> int:
+    """Tensor for ``value`` in ``dtype`` (casting, or materialising a scalar)."""
+    if not isinstance(value, fx.Node):
+        return ctx.tensor(value, dtype)
+    idx = ctx.tensor(value)
+    if ctx.dtype(value) == dtype:
+        return idx
+    out = ctx.like(value, f"{value.name}_cast", dtype)
+    ctx.op(BO.CAST, [idx], [out])
+    return out

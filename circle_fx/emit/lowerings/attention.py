@@ -17,7 +17,7 @@ from ...fx_utils import arguments
 from ...program import fetch_attr
 from ..registry import lowering
 from ..types import numpy_dtype
-from ._common import BO, options
+from ._common import BO, operand, options
 
 aten = torch.ops.aten
 
@@ -89,7 +89,5 @@ def _apply_mask(ctx, scores, shape, mask, is_causal, L, S, dt):
             ninf = ctx.const(np.array(-np.inf, dtype=npdt), "ninf")
             ctx.op(BO.SELECT_V2, [ctx.tensor(mask), scores, ninf], [out])
     else:
-        from .elementwise import operand
-
         ctx.op(BO.ADD, [scores, operand(ctx, mask, dt)], [out], options("AddOptions"))
     return out

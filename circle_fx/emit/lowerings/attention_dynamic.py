@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ...fx_utils import arguments
-from ._common import BO, options
+from ..types import numpy_dtype
+from ._common import BO, operand, options
 
 
 def _sig(ctx, value):
@@ -70,11 +71,9 @@ def sdpa_dynamic(ctx, node):
         out_sig = _broadcast_dims(sig, msig)
         logits = ctx.new_tensor(out_shape, dt, "masked", out_sig)
         if ctx.dtype(mask) == torch.bool:
-            ninf = ctx.const(np.array(-np.inf, dtype=np.float32 if dt == torch.float32 else np.float16), "ninf")
+            ninf = ctx.const(np.array(-np.inf, dtype=numpy_dtype(dt)), "ninf")
             ctx.op(BO.SELECT_V2, [ctx.tensor(mask), scaled, ninf], [logits])
         else:
-            from .elementwise import operand
-
             ctx.op(BO.ADD, [scaled, operand(ctx, mask, dt)], [logits], options("AddOptions"))
         shape, sig = out_shape, out_sig
     probs = ctx.new_tensor(shape, dt, "probs", sig)

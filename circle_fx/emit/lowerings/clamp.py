@@ -9,8 +9,7 @@ import torch
 
 from ...fx_utils import arguments
 from ..registry import lowering
-from ._common import BO
-from .elementwise import operand
+from ._common import BO, operand
 
 aten = torch.ops.aten
 

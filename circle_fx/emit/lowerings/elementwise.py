@@ -11,23 +11,9 @@ import torch.fx as fx
 
 from ...fx_utils import arguments
 from ..registry import lowering
-from ..types import circle_type
-from ._common import BO, options
+from ._common import BO, operand, options
 
 aten = torch.ops.aten
-
-
-def operand(ctx, value, dtype: torch.dtype) -> int:
-    """Tensor for ``value`` in ``dtype`` (casting, or materialising a scalar)."""
-    if not isinstance(value, fx.Node):
-        return ctx.tensor(value, dtype)
-    idx = ctx.tensor(value)
-    if ctx.dtype(value) == dtype:
-        return idx
-    shape, sig = ctx.shape_of(value)
-    out = ctx.builder.add_tensor(f"{ctx.node.name}/{value.name}_cast", shape, circle_type(dtype), 0, sig)
-    ctx.op(BO.CAST, [idx], [out])
-    return out
 
 
 def compute_dtype(node, *values) -> torch.dtype:

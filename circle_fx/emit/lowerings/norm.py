@@ -11,7 +11,7 @@ import numpy as np
 from ...ops import rms_norm
 from ..registry import lowering
 from ..types import numpy_dtype
-from ._common import BO, options
+from ._common import BO, operand, options
 
 
 @lowering(rms_norm)
@@ -21,11 +21,7 @@ def lower_rms_norm(ctx, node):
         d = ctx.shape_of(x)[0][-1]
         gamma = ctx.const(np.ones([d], dtype=numpy_dtype(ctx.dtype(x))), "ones")
     else:
-        gamma = ctx.tensor(weight)
-        if ctx.dtype(weight) != ctx.dtype(x):
-            from .elementwise import operand
-
-            gamma = operand(ctx, weight, ctx.dtype(x))
+        gamma = operand(ctx, weight, ctx.dtype(x))  # CAST when the weight's dtype differs
     if ctx.is_dynamic(x):
         _decomposed(ctx, node, x, gamma, eps)
         return
