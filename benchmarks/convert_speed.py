@@ -405,7 +405,7 @@ def main(argv=None) -> int:
     finally:
         if args.out_dir is None:
             shutil.rmtree(out_dir, ignore_errors=True)
-    return 0
+    return 1 if failures else 0  # a missed target is visible to `make bench` / CI, not only in the text
 
 
 if __name__ == "__main__":
