@@ -47,7 +47,7 @@ def binary(ctx, node):
             raise ctx.error(f"div with rounding_mode={mode!r} is not supported")
     ta, tb = operand(ctx, a, dt), operand(ctx, b, dt)
     if alpha != 1:
-        scaled = ctx.new_tensor(ctx.shape_of(b)[0] if isinstance(b, fx.Node) else [], dt, "alpha")
+        scaled = ctx.like(b, "alpha", dt) if isinstance(b, fx.Node) else ctx.new_tensor([], dt, "alpha")
         ctx.op(BO.MUL, [tb, ctx.tensor(alpha, dt)], [scaled], options("MulOptions"))
         tb = scaled
     ctx.op(code, [ta, tb], [ctx.output(node)], options(opt) if opt else None)
