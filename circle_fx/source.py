@@ -10,11 +10,12 @@ import re
 
 import torch.fx as fx
 
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+#: a traceback frame; the code line is missing when Python has no source (``<stdin>``, ``exec``)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)(?:\n(?!\s*File ")\s*(.*))?')
 
 
 def source_line(node: fx.Node) -> str:
-    """The innermost user frame of ``node`` as ``path:line (fn): code``, or ``"<unknown>"``."""
+    """The innermost user frame of ``node`` as ``path:line (fn): code``, or ``"<unknown source>"``."""
     trace = node.meta.get("stack_trace") if node is not None else None
     if not trace:
         return "<unknown source>"
@@ -23,7 +24,7 @@ def source_line(node: fx.Node) -> str:
         return trace.strip().splitlines()[-1]
     path, line, fn, code = frames[-1]
     path = _shorten(path)
-    return f"{path}:{line} ({fn}): {code.strip()}"
+    return f"{path}:{line} ({fn})" + (f": {code.strip()}" if code.strip() else "")
 
 
 def _shorten(path: str) -> str:
