@@ -19,16 +19,14 @@ import circle_fx
 from circle_fx import UnsupportedOpError
 from circle_fx.reader import read_circle
 
+from rms_cases import NormModule, Spelling
+
 ATOL = 1e-5
 
 
-class RMS(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.weight = nn.Parameter(torch.rand(d) + 0.5)
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+def hand_written_rms(d, seed=0):
+    """``weight * (x * rsqrt(mean(x**2) + 1e-6))``, the hand-written spelling that must fuse."""
+    return NormModule(Spelling(weight="before"), d, seed=seed)
 
 
 class MLP(nn.Module):
@@ -47,11 +45,11 @@ class AttentionFreeLM(nn.Module):
     def __init__(self, vocab=48, d=32, hidden=64, layers=2):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
-        self.norms = nn.ModuleList(RMS(d) for _ in range(layers))
+        self.norms = nn.ModuleList(hand_written_rms(d, seed=i) for i in range(layers))
         self.gate = nn.ModuleList(nn.Linear(d, hidden, bias=False) for _ in range(layers))
         self.up = nn.ModuleList(nn.Linear(d, hidden, bias=False) for _ in range(layers))
         self.down = nn.ModuleList(nn.Linear(hidden, d, bias=False) for _ in range(layers))
-        self.final = RMS(d)
+        self.final = hand_written_rms(d, seed=layers)
         self.head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, ids):
@@ -159,7 +157,7 @@ def test_mlp_dynamic_batch_and_seq():
 
 def test_rmsnorm_dynamic_seq_is_decomposed():
     torch.manual_seed(0)
-    model = RMS(16).eval()
+    model = hand_written_rms(16).eval()
     x = torch.randn(1, 5, 16)
     static = circle_fx.export(model, (x,))
     assert static.op_histogram()["RMS_NORM"] == 1

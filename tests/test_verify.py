@@ -17,16 +17,9 @@ from circle_fx import VerifyError
 from circle_fx.emit.writer import Serialized
 from circle_fx.model import CircleModel
 
+from rms_cases import NormModule, Spelling
+
 BO = circle.BuiltinOperator.BuiltinOperator
-
-
-class RMS(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.w = nn.Parameter(torch.rand(d) + 0.5)
-
-    def forward(self, x):
-        return self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
 
 
 class Cover(nn.Module):
@@ -36,7 +29,7 @@ class Cover(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(10, 8)
         self.lin = nn.Linear(8, 8)
-        self.norm = RMS(8)
+        self.norm = NormModule(Spelling(weight="before"), 8)  # a hand-written RMSNorm
         self.scale = nn.Parameter(torch.rand(1, 1, 8))
 
     def forward(self, ids, x):
