@@ -137,13 +137,9 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_explain(args) -> int:
+    from .explain import explain
+
     model, inputs = build_model(args.model)
-    try:
-        from .explain import explain
-    except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.explain":
-            raise
-        raise CircleFxError("explain is not available in this version of circle_fx") from e
     print(explain(model, inputs).format())
     return 0
 
