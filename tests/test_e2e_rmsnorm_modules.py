@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-import circle_fx
 from circle_fx.reader import read_circle
 
+from onert_eager import assert_onert_matches_eager
 from rms_cases import rms_epsilon
 
 ATOL = 1e-4
@@ -26,14 +26,7 @@ def _random_weight(shape) -> torch.nn.Parameter:
 
 
 def _export_and_compare(model, x, **kw):
-    model.eval()
-    cm = circle_fx.export(model, (x,), **kw)
-    (got,) = cm.run(x)
-    with torch.no_grad():
-        want = model(x).numpy()
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
-    return cm
+    return assert_onert_matches_eager(model, (x,), rtol=0, atol=ATOL, **kw)
 
 
 def _rms_norm_ops(cm):

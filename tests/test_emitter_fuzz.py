@@ -27,6 +27,8 @@ from torch import nn
 
 import circle_fx
 
+from onert_eager import assert_onert_matches_eager
+
 MAX_RANK = 4  # onert's BATCH_MATMUL / MEAN / SQUARED_DIFFERENCE limit
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
 UNARY = ["neg", "tanh", "sigmoid", "relu", "abs", "exp_neg", "sqrt_abs", "rsqrt_sq1", "square", "silu"]
@@ -427,15 +429,7 @@ class Linear1D(nn.Module):
                                           (Reduce4D(), (2, 3, 4, 5)),
                                           (Linear1D(), (3,))], ids=lambda v: type(v).__name__)
 def test_regressions(model, shape):
-    x = torch.randn(shape)
-    model.eval()
-    with torch.no_grad():
-        ref = model(x)
-    ref = ref if isinstance(ref, tuple) else (ref,)
-    got = circle_fx.export(model, (x,)).run(x)
-    assert len(got) == len(ref)
-    for g, r in zip(got, ref):
-        np.testing.assert_allclose(g, r.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert_onert_matches_eager(model, (torch.randn(shape),), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=int(os.environ.get("CIRCLE_FX_FUZZ_EXAMPLES", 60)) * 2 // 3, deadline=None,

@@ -3,30 +3,17 @@ split/chunk, topk, max/min over a dim, clamp, single-tensor indexing, repeat_int
 Each tiny module is exported, run in onert and compared with torch eager."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import circle_fx
 from circle_fx.errors import UnsupportedOpError
 
+from onert_eager import assert_onert_matches_eager
+
 
 def _check(module, *inputs, atol=1e-6):
-    module.eval()
-    with torch.no_grad():
-        ref = module(*inputs)
-    refs = ref if isinstance(ref, tuple) else (ref,)
-    cm = circle_fx.export(module, inputs)
-    outs = cm.run(*inputs)
-    assert len(outs) == len(refs)
-    for out, r in zip(outs, refs):
-        r = r.numpy()
-        assert out.shape == r.shape
-        if r.dtype.kind in "iub":
-            np.testing.assert_array_equal(out.astype(r.dtype), r)
-        else:
-            np.testing.assert_allclose(out, r, rtol=1e-6, atol=atol)
-    return cm
+    return assert_onert_matches_eager(module, inputs, rtol=1e-6, atol=atol)
 
 
 class Fn(torch.nn.Module):
