@@ -182,40 +182,21 @@ def _multi_output(ctx, node):
     return outs
 
 
-@lowering(aten.split_with_sizes.default, aten.split.Tensor)
+@lowering(aten.split_with_sizes.default, aten.split.Tensor, aten.chunk.default)
 def split(ctx, node):
-    x, sizes, dim = (arguments(node) + [0])[:3]
-    shape = _split_axis_shape(ctx, x, dim)
-    dim %= len(shape)
-    if isinstance(sizes, int):
-        n = shape[dim]
-        sizes = [min(sizes, n - i) for i in range(0, n, sizes)]
-    _split_pieces(ctx, node, x, sizes, dim)
-
-
-@lowering(aten.chunk.default)
-def chunk(ctx, node):
-    """``chunk``: like ``split``; the piece sizes come from the traced outputs (the last may be short)."""
-    x, _, dim = arguments(node)
-    dim %= ctx.rank(x)
-    _split_pieces(ctx, node, x, [int(v.shape[dim]) for v in node.meta["val"]], dim)
-
-
-def _split_axis_shape(ctx, x, dim):
-    """``x``'s shape with -1 for dynamic dims; the split axis itself must be static."""
-    shape, sig = ctx.shape_of(x)
-    if sig is not None and sig[dim % len(sig)] == -1:
-        raise ctx.error(f"splitting along dynamic dim {dim} of %{x.name} {sig} is not supported")
-    return sig if sig is not None else shape
-
-
-def _split_pieces(ctx, node, x, sizes, dim):
     """One SLICE per piece: onert 0.1.0's SPLIT_V returns all-zero outputs (measured), SLICE is exact.
-    Dynamic dims get SLICE size -1 (to the end)."""
-    shape = _split_axis_shape(ctx, x, dim)
+    The piece sizes come from the traced outputs (the last may be short); dynamic dims get
+    SLICE size -1 (to the end)."""
+    x, _, dim = arguments(node)[:3]
+    dim %= ctx.rank(x)
+    shape, sig = ctx.shape_of(x)
+    if sig is not None and sig[dim] == -1:
+        raise ctx.error(f"splitting along dynamic dim {dim} of %{x.name} {sig} is not supported")
+    shape = sig if sig is not None else shape
     src = ctx.tensor(x)
     start = 0
-    for out, size in zip(_multi_output(ctx, node), sizes):
+    for out, v in zip(_multi_output(ctx, node), node.meta["val"]):
+        size = int(v.shape[dim])
         begin, extent = [0] * len(shape), list(shape)
         begin[dim], extent[dim] = start, size
         ctx.op(BO.SLICE, [src, ctx.int_const(begin, "begin"), ctx.int_const(extent, "size")], [out],
