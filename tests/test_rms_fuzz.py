@@ -66,6 +66,7 @@ def test_random_cases_in_onert_float32(case):
     with torch.no_grad():
         want = model(x)
     want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5, equal_nan=True)
 
