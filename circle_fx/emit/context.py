@@ -104,6 +104,20 @@ class LoweringContext:
         self.values[node] = idx
         return idx
 
+    def outputs(self, node: fx.Node, wanted=None) -> list:
+        """One tensor per element of a tuple-valued node (read through ``getitem``); only the
+        elements in ``wanted`` when given (the others are None: nothing reads them)."""
+        outs = []
+        for i, v in enumerate(val(node)):
+            if wanted is not None and i not in wanted:
+                outs.append(None)
+                continue
+            shape, sig = self.shape_of_value(v)
+            outs.append(self.builder.add_tensor(f"{node.name}_{i}", shape, circle_type(v.dtype, self.where(node)),
+                                                0, sig))
+        self.values[node] = outs
+        return outs
+
     def bind(self, node: fx.Node, index: int) -> None:
         self.values[node] = index
 

@@ -11,7 +11,6 @@ import torch
 
 from ...fx_utils import arguments
 from ..registry import lowering
-from ..types import circle_type
 from ._common import BO, options
 
 aten = torch.ops.aten
@@ -172,16 +171,6 @@ def getitem(ctx, node):
     ctx.bind(node, ctx.values[src][i])
 
 
-def _multi_output(ctx, node):
-    """Create one tensor per element of a tuple-valued node (consumed via getitem)."""
-    outs = []
-    for i, v in enumerate(node.meta["val"]):
-        shape, sig = ctx.shape_of_value(v)
-        outs.append(ctx.builder.add_tensor(f"{node.name}_{i}", shape, circle_type(v.dtype), 0, sig))
-    ctx.values[node] = outs
-    return outs
-
-
 @lowering(aten.split_with_sizes.default, aten.split.Tensor, aten.chunk.default)
 def split(ctx, node):
     """One SLICE per piece: onert 0.1.0's SPLIT_V returns all-zero outputs (measured), SLICE is exact.
@@ -195,7 +184,7 @@ def split(ctx, node):
     shape = sig if sig is not None else shape
     src = ctx.tensor(x)
     start = 0
-    for out, v in zip(_multi_output(ctx, node), node.meta["val"]):
+    for out, v in zip(ctx.outputs(node), node.meta["val"]):
         size = int(v.shape[dim])
         begin, extent = [0] * len(shape), list(shape)
         begin[dim], extent[dim] = start, size

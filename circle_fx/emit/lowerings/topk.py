@@ -27,13 +27,6 @@ def _read_outputs(node) -> set[int]:
     return {u.args[1] for u in node.users if u.target is operator.getitem}
 
 
-def _tuple_tensors(ctx, node, wanted: set[int]) -> list:
-    shape, dtypes = [list(v.shape) for v in node.meta["val"]], [v.dtype for v in node.meta["val"]]
-    outs = [ctx.new_tensor(shape[i], dtypes[i], f"out{i}") if i in wanted else None for i in range(len(shape))]
-    ctx.values[node] = outs
-    return outs
-
-
 def _last_axis(ctx, x, dim) -> tuple[list[int], int]:
     shape = ctx.static_shape(x)
     return shape, dim % len(shape)
@@ -60,7 +53,7 @@ def max_dim(ctx, node):
     x, dim, keepdim = arguments(node)[:3]
     shape, axis = _last_axis(ctx, x, dim)
     dt = ctx.dtype(x)
-    values, indices = _tuple_tensors(ctx, node, _read_outputs(node))
+    values, indices = ctx.outputs(node, _read_outputs(node))
     src = ctx.tensor(x) if node.target is aten.max.dim else _negated(ctx, x, shape, dt)
     if values is not None:
         red = values if node.target is aten.max.dim else ctx.new_tensor(ctx.builder.tensors[values].shape, dt, "negmax")
@@ -79,7 +72,7 @@ def topk(ctx, node):
         raise ctx.error(f"topk over axis {dim} of a {len(shape)}-D tensor is not supported (only the last axis)")
     dt = ctx.dtype(x)
     n = shape[-1]
-    values, indices = _tuple_tensors(ctx, node, _read_outputs(node) or {0})
+    values, indices = ctx.outputs(node, _read_outputs(node) or {0})
     cur = ctx.tensor(x) if largest else _negated(ctx, x, shape, dt)
     col = shape[:-1] + [1]
     iota = ctx.const(np.arange(n, dtype=np.int64), "iota")
