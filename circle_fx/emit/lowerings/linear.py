@@ -8,6 +8,8 @@ RESHAPE after it. Weights that are not constants go through BATCH_MATMUL instead
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...fx_utils import arguments
@@ -28,9 +30,7 @@ def linear(ctx, node):
     if out_sig is not None and out_sig[:-1].count(-1) > 1:
         _linear_batch_matmul(ctx, node, x, w, b)
         return
-    rows = 1
-    for d in out_shape[:-1]:
-        rows *= d
+    rows = math.prod(out_shape[:-1])
     # a dynamic dim anywhere before the last makes the row count dynamic
     rows_sig = -1 if out_sig is not None and -1 in out_sig[:-1] else rows
     bias = ctx.tensor(b) if b is not None else -1
@@ -58,17 +58,18 @@ def _linear_batch_matmul(ctx, node, x, w, b):
     could infer only one, so multiply by the transposed weight with BATCH_MATMUL instead
     (rank-broadcast ``[..., in] x [in, out]``) and add the bias."""
     weight = fetch_attr(ctx.program.gm, w.target).detach()
-    wt = ctx.const(weight.t().contiguous().numpy(), "weight_T")
-    out = ctx.output(node) if b is None else ctx.like(node, "mm")
-    ctx.op(BO.BATCH_MATMUL, [ctx.tensor(x), wt], [out], options("BatchMatMulOptions"))
-    if b is not None:
-        ctx.op(BO.ADD, [out, ctx.tensor(b)], [ctx.output(node)], options("AddOptions"))
+    _matmul_plus_bias(ctx, node, x, ctx.const(weight.t().contiguous().numpy(), "weight_T"), b)
 
 
 def _linear_runtime_weight(ctx, node, x, w, b):
     wshape = ctx.static_shape(w)
     wt = ctx.new_tensor([wshape[1], wshape[0]], ctx.dtype(w), "wT")
     ctx.op(BO.TRANSPOSE, [ctx.tensor(w), ctx.int_const([1, 0], "perm")], [wt])
+    _matmul_plus_bias(ctx, node, x, wt, b)
+
+
+def _matmul_plus_bias(ctx, node, x, wt, b):
+    """``x @ wt`` (``wt`` is the ``[in, out]`` weight tensor) with BATCH_MATMUL, then ADD the bias."""
     out = ctx.output(node) if b is None else ctx.like(node, "mm")
     ctx.op(BO.BATCH_MATMUL, [ctx.tensor(x), wt], [out], options("BatchMatMulOptions"))
     if b is not None:
