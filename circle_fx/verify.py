@@ -10,7 +10,8 @@ reads the file back (``circle_fx.reader``) and checks, in one pass each:
 - constants: buffer size == prod(shape) * itemsize;
 - options: every op that has an options table carries one of the right type (onert
   segfaults otherwise);
-- types: elementwise inputs of one type (bool out of comparisons, a bool SELECT_V2 condition);
+- types: elementwise inputs of one type (bool out of comparisons, a bool SELECT_V2 condition),
+  reductions keep their input's type;
 - shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
   reductions, STRIDED_SLICE). Dynamic dims (``-1`` in ``shape_signature``) match anything;
@@ -491,6 +492,9 @@ def _reduce(c: _Checker, op: OperatorView):
     if any(not -rank <= a < rank for a in axes):
         return f"axes {axes} out of range for rank {rank}"
     axes = {a % rank for a in axes}
+    src, out = c.cf.tensors[op.inputs[0]], c.cf.tensors[op.outputs[0]]
+    if src.type != out.type:
+        return f"input type {src.type_name} differs from the output type {out.type_name}"
     keep = bool(c.options(op, "ReducerOptions").KeepDims())
     want = [1 if d in axes else x[d] for d in range(rank)] if keep else [x[d] for d in range(rank) if d not in axes]
     return _expect(c.dims(op.outputs[0]), want)
