@@ -3,14 +3,22 @@
 MoE layers pick expert weights this way (``gate_up_proj[expert_ids]``). One index
 tensor at dimension d, every other position ``None`` (a full slice), is exactly
 GATHER on axis d; several index tensors (broadcast together) would need GATHER_ND,
-which onert 0.1.0 does not implement, so they are reported instead. Negative indices in a
-constant index tensor are wrapped at compile time; a run-time index tensor must hold
-non-negative indices (GATHER does not wrap them; MoE routers' topk indices never are).
+which onert 0.1.0 does not implement, so they are reported instead.
+
+torch counts negative indices from the end; GATHER reads out of bounds instead. Constant
+index tensors are wrapped at compile time; a run-time index tensor gets
+``idx + size * (idx < 0)`` (onert's SELECT_V2 has no int64 kernel) unless it comes straight from an op whose result
+is a position and so never negative (``topk``/``sort``/``max.dim`` indices, ``argmax``):
+that is the MoE router case, which then costs no extra ops.
 """
 from __future__ import annotations
 
+import operator
+
+import numpy as np
 import torch
 
+from ...fx_utils import look_through
 from ...program import fetch_attr
 from ..registry import lowering
 from ..types import to_numpy
@@ -33,15 +41,45 @@ def index(ctx, node):
            options("GatherOptions", axis=axis, batchDims=0))
 
 
+#: ops whose (index) result is a position, never negative: (op, tuple element or None)
+_POSITIONS = {(aten.topk.default, 1), (aten.sort.default, 1), (aten.max.dim, 1), (aten.min.dim, 1),
+              (aten.argmax.default, None), (aten.argmin.default, None)}
+
+
+def _never_negative(idx) -> bool:
+    idx = look_through(idx)
+    if idx.op == "call_function" and idx.target is operator.getitem:
+        src, i = idx.args
+        return (getattr(src, "target", None), i) in _POSITIONS
+    return (getattr(idx, "target", None), None) in _POSITIONS
+
+
 def _index(ctx, x, axis, idx):
-    """torch counts negative indices from the end; GATHER would read out of bounds. A constant
-    index is wrapped here (a run-time one is passed through: see the module docstring)."""
-    if idx.op != "get_attr":
-        return ctx.tensor(idx)
-    t = fetch_attr(ctx.program.gm, idx.target)
-    if not bool((t < 0).any()):
-        return ctx.tensor(idx)
+    """The index tensor with negative entries wrapped (see the module docstring)."""
     _, sig = ctx.shape_of(x)
-    if sig is not None and sig[axis] == -1:
-        raise ctx.error(f"negative indices into dynamic dim {axis} of %{x.name} are not supported")
-    return ctx.const(to_numpy(torch.where(t < 0, t + ctx.shape_of(x)[0][axis], t)), "index")
+    size = ctx.shape_of(x)[0][axis]
+    dynamic = sig is not None and sig[axis] == -1
+    if idx.op == "get_attr":
+        t = fetch_attr(ctx.program.gm, idx.target)
+        if not bool((t < 0).any()):
+            return ctx.tensor(idx)
+        if dynamic:
+            raise ctx.error(f"negative indices into dynamic dim {axis} of %{x.name} are not supported")
+        return ctx.const(to_numpy(torch.where(t < 0, t + size, t)), "index")
+    if _never_negative(idx):
+        return ctx.tensor(idx)
+    if dynamic:
+        raise ctx.error(f"run-time indices into dynamic dim {axis} of %{x.name} may be negative, which "
+                        "cannot be wrapped without the dim's size; index a static dim instead")
+    dt = ctx.dtype(idx)
+    raw = ctx.tensor(idx)
+    zero = ctx.const(np.array(0, dtype=to_numpy(torch.zeros((), dtype=dt)).dtype), "zero")
+    negative = ctx.like(idx, "negative", torch.bool)
+    ctx.op(BO.LESS, [raw, zero], [negative])
+    as_int = ctx.like(idx, "negative_int")
+    ctx.op(BO.CAST, [negative], [as_int])
+    offset = ctx.like(idx, "offset")
+    ctx.op(BO.MUL, [as_int, ctx.tensor(size, dt)], [offset], options("MulOptions"))
+    wrapped = ctx.like(idx, "wrapped")
+    ctx.op(BO.ADD, [raw, offset], [wrapped], options("AddOptions"))
+    return wrapped
