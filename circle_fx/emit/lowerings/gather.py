@@ -8,7 +8,8 @@ which onert 0.1.0 does not implement, so they are reported instead.
 torch counts negative indices from the end; GATHER reads out of bounds instead. Constant
 index tensors are wrapped at compile time; a run-time index tensor gets
 ``idx + size * (idx < 0)`` (onert's SELECT_V2 has no int64 kernel) unless it comes straight from an op whose result
-is a position and so never negative (``topk``/``sort``/``max.dim`` indices, ``argmax``):
+is a position and so never negative (``topk``/``sort``/``max.dim`` indices, ``argmax``,
+possibly reshaped or sliced on the way):
 that is the MoE router case, which then costs no extra ops.
 """
 from __future__ import annotations
@@ -46,8 +47,16 @@ _POSITIONS = {(aten.topk.default, 1), (aten.sort.default, 1), (aten.max.dim, 1),
               (aten.argmax.default, None), (aten.argmin.default, None)}
 
 
+#: ops that move or repeat values without changing them (non-negativity carries through)
+_SAME_VALUES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+                aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints, aten.transpose.int,
+                aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.select.int}
+
+
 def _never_negative(idx) -> bool:
     idx = look_through(idx)
+    while idx.op == "call_function" and idx.target in _SAME_VALUES:
+        idx = look_through(idx.args[0])
     if idx.op == "call_function" and idx.target is operator.getitem:
         src, i = idx.args
         return (getattr(src, "target", None), i) in _POSITIONS
