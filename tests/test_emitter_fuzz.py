@@ -339,7 +339,7 @@ def _broadcast(a, b):
 
 
 # ------------------------------------------------------------------------- test
-@settings(max_examples=int(os.environ.get("CIRCLE_FX_FUZZ_EXAMPLES", 60)), deadline=None,
+@settings(max_examples=int(os.environ.get("CIRCLE_FX_FUZZ_EXAMPLES", 150)), deadline=None,
           derandomize=os.environ.get("CIRCLE_FX_FUZZ_RANDOM") != "1", print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(programs())
@@ -432,7 +432,7 @@ def test_regressions(model, shape):
     assert_onert_matches_eager(model, (torch.randn(shape),), rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=int(os.environ.get("CIRCLE_FX_FUZZ_EXAMPLES", 60)) * 2 // 3, deadline=None,
+@settings(max_examples=int(os.environ.get("CIRCLE_FX_FUZZ_EXAMPLES", 150)) * 2 // 3, deadline=None,
           derandomize=os.environ.get("CIRCLE_FX_FUZZ_RANDOM") != "1", print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(programs(dynamic=True))

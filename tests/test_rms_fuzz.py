@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 import circle_fx
 from rms_cases import Case, assert_matches_eager, cases, expected_fusions, fused_program, rms_nodes
 
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-ONERT_FUZZ = settings(FUZZ, max_examples=40)
+ONERT_FUZZ = settings(FUZZ, max_examples=80)
 
 
 def _check_fx(case: Case):
