@@ -78,14 +78,6 @@ def arguments(node: fx.Node) -> list:
     return out
 
 
-def cast_target_dtype(node: fx.Node):
-    """Destination dtype of a cast node (``to``/``_to_copy``/``type_as``)."""
-    if node.target is aten.type_as.default:
-        return dtype_of(node.args[1])
-    v = val(node)
-    return v.dtype if isinstance(v, torch.Tensor) else None
-
-
 def is_noop(node: fx.Node) -> bool:
     """True for casts to the same dtype, aliases, clones: values equal to their input."""
     if node.op != "call_function":
