@@ -12,6 +12,17 @@ import torch
 import circle_fx
 
 
+class Fn(torch.nn.Module):
+    """A module whose forward is ``fn``: one-line models for op-level tests."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
 def assert_onert_matches_eager(module, inputs, *, rtol: float, atol: float, **export_kwargs):
     """Export ``module`` on ``inputs``, run it in onert, compare with eager; return the CircleModel."""
     inputs = tuple(inputs)

@@ -9,20 +9,11 @@ import torch
 import circle_fx
 from circle_fx.errors import UnsupportedOpError
 
-from onert_eager import assert_onert_matches_eager
+from onert_eager import Fn, assert_onert_matches_eager
 
 
 def _check(module, *inputs, atol=1e-6):
     return assert_onert_matches_eager(module, inputs, rtol=1e-6, atol=atol)
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _randn(*shape, seed=0):

@@ -14,18 +14,9 @@ import torch
 from torch.export import Dim
 
 import circle_fx
-from onert_eager import assert_onert_matches_eager
+from onert_eager import Fn, assert_onert_matches_eager
 
 TOL = dict(rtol=1e-6, atol=1e-6)
-
-
-class _Lambda(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 X4 = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
@@ -39,20 +30,20 @@ X2 = torch.randn(3, 7, generator=torch.Generator().manual_seed(1))
     lambda x: x.min(dim=-2, keepdim=True)[0] * 2,
 ], ids=["max_values", "min_values", "max_indices", "min_keepdim"])
 def test_max_min_dim_on_4d(fn):
-    assert_onert_matches_eager(_Lambda(fn), (X4,), **TOL)
+    assert_onert_matches_eager(Fn(fn), (X4,), **TOL)
 
 
 @pytest.mark.parametrize("index", [[-1, 0, -3], [2, -7, 6]], ids=["rows", "cols"])
 def test_negative_constant_indices(index):
     idx = torch.tensor(index)
     fn = (lambda x: x[idx] * 1) if max(abs(i) for i in index) <= 3 else (lambda x: x[:, idx] * 1)
-    assert_onert_matches_eager(_Lambda(fn), (X2,), **TOL)
+    assert_onert_matches_eager(Fn(fn), (X2,), **TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
 def test_negative_runtime_indices(dtype):
     idx = torch.tensor([-1, 0, -7, 6], dtype=dtype)
-    cm = assert_onert_matches_eager(_Lambda(lambda x, i: x[:, i]), (X2, idx), **TOL)
+    cm = assert_onert_matches_eager(Fn(lambda x, i: x[:, i]), (X2, idx), **TOL)
     # the same model with other (non-negative, then negative) indices at run time
     for other in ([0, 1, 2, 3], [-2, -3, -4, -5]):
         i = torch.tensor(other, dtype=dtype)
@@ -61,14 +52,14 @@ def test_negative_runtime_indices(dtype):
 
 def test_topk_indices_need_no_wrap():
     """Positions from topk are never negative: no extra ops for the MoE router case."""
-    model = _Lambda(lambda x: x[:, torch.topk(x[0], 2).indices] * 1)
+    model = Fn(lambda x: x[:, torch.topk(x[0], 2).indices] * 1)
     cm = assert_onert_matches_eager(model, (X2,), **TOL)
     assert "LESS" not in cm.op_histogram()
 
 
 def test_int64_sum_is_a_clear_error():
     with pytest.raises(circle_fx.UnsupportedOpError, match="int32"):
-        circle_fx.export(_Lambda(lambda x: (x > 0).sum(dim=-1)), (X2,))
+        circle_fx.export(Fn(lambda x: (x > 0).sum(dim=-1)), (X2,))
 
 
 class _Clamp(torch.nn.Module):
