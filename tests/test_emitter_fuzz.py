@@ -141,6 +141,16 @@ def _factorizations(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _draw_dims(draw, n, rank):
+    """``rank`` dims whose product is ``n`` (the last takes what the others leave)."""
+    dims = []
+    for _ in range(rank - 1):
+        d = draw(st.sampled_from(_factorizations(n)))
+        dims.append(d)
+        n //= d
+    return dims + [n]
+
+
 @st.composite
 def programs(draw, dynamic=False):
     """``dynamic``: dim 0 of every input is a dynamic batch dim; steps then keep it in place
@@ -226,13 +236,7 @@ def programs(draw, dynamic=False):
             lines.append(f"{op}(v{i}, dim={dims}, keepdim={keep})")
         elif kind == "reshape" and dynamic:
             n = math.prod(s[1:])
-            rank = draw(st.integers(1, MAX_RANK - 1))
-            rest, left = [], n
-            for _ in range(rank - 1):
-                d = draw(st.sampled_from(_factorizations(left)))
-                rest.append(d)
-                left //= d
-            rest.append(left)
+            rest = _draw_dims(draw, n, draw(st.integers(1, MAX_RANK - 1)))
             out = [s[0]] + rest
             if draw(st.booleans()):
                 rest = list(rest)
@@ -241,13 +245,7 @@ def programs(draw, dynamic=False):
             lines.append(f"v{i}.reshape([v{i}.shape[0]] + {rest})")
         elif kind == "reshape":
             n = math.prod(s)
-            rank = draw(st.integers(1, MAX_RANK))
-            out, rest = [], n
-            for _ in range(rank - 1):
-                d = draw(st.sampled_from(_factorizations(rest)))
-                out.append(d)
-                rest //= d
-            out.append(rest)
+            out = _draw_dims(draw, n, draw(st.integers(1, MAX_RANK)))
             use_minus_one = draw(st.booleans())
             target = list(out)
             if use_minus_one:
