@@ -12,7 +12,7 @@ from .explain import ExplainResult, explain, explain_report  # circle_fx.explain
 from .model import CircleModel
 from .passes import Pass, Pipeline, default_pipeline
 from .program import Program
-from .verify import VerifyReport, verify
+from .circle.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
 

@@ -129,7 +129,7 @@ def _compare_with_eager(cm, model, inputs) -> float:
 
 
 def cmd_inspect(args) -> int:
-    from .inspect_circle import SECTIONS, inspect_file
+    from .circle.inspect import SECTIONS, inspect_file
 
     sections = SECTIONS if not args.only else tuple(args.only)
     print(inspect_file(args.file, sections))

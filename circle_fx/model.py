@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .emit.builder import ModelBuilder, op_name
+from .circle.schema import CIRCLE_TO_NUMPY, op_name
+from .emit.builder import ModelBuilder
 from .emit.writer import Serialized, write_atomic
 from .errors import InputError
 
@@ -56,7 +57,7 @@ class CircleModel:
     # ------------------------------------------------------------------- run
     def run(self, *inputs) -> list[np.ndarray]:
         """Execute in onert; inputs are tensors or arrays, in the model's input order."""
-        from .runtime import OnertSession, temp_circle_path
+        from .circle.runtime import OnertSession, temp_circle_path
 
         if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
             inputs = tuple(inputs[0])
@@ -75,8 +76,6 @@ class CircleModel:
     def _check_input(self, k: int, array: np.ndarray) -> np.ndarray:
         """Shape and dtype against the model's input tensor: onert runs a wrongly shaped input
         without complaint (and returns garbage), so mismatches are caught here."""
-        from .emit.types import CIRCLE_TO_NUMPY
-
         t = self.builder.tensors[self.builder.inputs[k]]
         want = t.shape_signature if t.shape_signature is not None else t.shape
         name = self.builder.input_names[k]

@@ -19,7 +19,7 @@ import torch
 
 import circle_fx
 from circle_fx.cli import main
-from circle_fx.reader import read_circle
+from circle_fx.circle.reader import read_circle
 
 MODELS = textwrap.dedent('''
     import torch
@@ -103,7 +103,7 @@ def test_export_from_a_py_file(capsys, models_py, tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     model, (x,) = mod.build()
-    from circle_fx.runtime import OnertSession
+    from circle_fx.circle.runtime import OnertSession
 
     (got,) = OnertSession(str(out_path)).run([x.numpy()])
     with torch.no_grad():

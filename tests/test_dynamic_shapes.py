@@ -17,7 +17,7 @@ from torch.export import Dim
 
 import circle_fx
 from circle_fx import UnsupportedOpError
-from circle_fx.reader import read_circle
+from circle_fx.circle.reader import read_circle
 
 from rms_cases import NormModule, Spelling
 
@@ -227,7 +227,7 @@ def test_causal_attention_with_dynamic_seq_is_a_clear_error():
 
 
 def test_saved_dynamic_model_runs_from_file(tmp_path):
-    from circle_fx.runtime import OnertSession
+    from circle_fx.circle.runtime import OnertSession
 
     torch.manual_seed(0)
     model = MLP().eval()

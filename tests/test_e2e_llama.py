@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import circle_fx
-from circle_fx.reader import read_circle
-from circle_fx.runtime import OnertSession
+from circle_fx.circle.reader import read_circle
+from circle_fx.circle.runtime import OnertSession
 
 from rms_cases import rms_epsilon
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from circle_fx.reader import read_circle
+from circle_fx.circle.reader import read_circle
 
 from onert_eager import assert_onert_matches_eager
 from rms_cases import rms_epsilon

@@ -445,7 +445,7 @@ def test_random_graphs_with_dynamic_batch(program):
     gen = torch.Generator().manual_seed(0)
     example = tuple(torch.randn(s, generator=gen) for s in in_shapes)
     cm = circle_fx.export(model, example, dynamic_shapes=(tuple({0: batch} for _ in in_shapes),))  # forward(*xs)
-    from circle_fx.reader import read_circle
+    from circle_fx.circle.reader import read_circle
 
     cf = read_circle(cm.to_bytes())
     for i in cf.inputs + cf.outputs:

@@ -9,29 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from circle_schema import circle
 
-from .types import NUMPY_TO_CIRCLE
-
-BO = circle.BuiltinOperator.BuiltinOperator
-BOPT = circle.BuiltinOptions.BuiltinOptions
-BOPT2 = circle.BuiltinOptions2.BuiltinOptions2
-
-
-def _builtin_name(code: int) -> str:
-    for k, v in vars(BO).items():
-        if v == code and not k.startswith("_"):
-            return k
-    return str(code)
-
-
-_OPNAMES: dict[int, str] = {}
-
-
-def op_name(code: int) -> str:
-    if code not in _OPNAMES:
-        _OPNAMES[code] = _builtin_name(code)
-    return _OPNAMES[code]
+from ..circle.schema import BO, NUMPY_TO_CIRCLE, QuantParams, op_name  # noqa: F401  (BO, op_name re-exported)
 
 
 @dataclass
@@ -41,6 +20,8 @@ class TensorInfo:
     type: int
     buffer: int = 0
     shape_signature: list[int] | None = None
+    #: affine quantization of the stored values (None: a plain float/int tensor)
+    quantization: QuantParams | None = None
 
 
 @dataclass
@@ -73,9 +54,11 @@ class ModelBuilder:
         self._names.add(name)
         return name
 
-    def add_tensor(self, name: str, shape, ctype: int, buffer: int = 0, shape_signature=None) -> int:
+    def add_tensor(self, name: str, shape, ctype: int, buffer: int = 0, shape_signature=None,
+                   quantization: QuantParams | None = None) -> int:
         self.tensors.append(TensorInfo(self._unique(name), [int(d) for d in shape], ctype, buffer,
-                                       list(shape_signature) if shape_signature is not None else None))
+                                       list(shape_signature) if shape_signature is not None else None,
+                                       quantization))
         return len(self.tensors) - 1
 
     def add_buffer(self, array: np.ndarray, key=None) -> int:
@@ -87,12 +70,12 @@ class ModelBuilder:
             self._buffer_keys[key] = idx
         return idx
 
-    def add_constant(self, name: str, array: np.ndarray, key=None) -> int:
+    def add_constant(self, name: str, array: np.ndarray, key=None, quantization: QuantParams | None = None) -> int:
         array = np.asarray(array)
         if key is None:
             key = ("bytes", array.dtype.str, array.shape, array.tobytes()) if array.nbytes <= 256 else None
         buf = self.add_buffer(array, key)
-        return self.add_tensor(name, array.shape, NUMPY_TO_CIRCLE[array.dtype], buf)
+        return self.add_tensor(name, array.shape, NUMPY_TO_CIRCLE[array.dtype], buf, quantization=quantization)
 
     def add_operator(self, code: int, inputs, outputs, options=None, source: str = "") -> None:
         self.operators.append(OperatorInfo(code, list(inputs), list(outputs), options, source))

@@ -3,6 +3,9 @@
 ``ctx.tensor(value)`` gives the Circle tensor for an FX node, a folded constant, or a
 Python scalar (materialised as a constant of the right dtype); ``ctx.output(node)``
 creates the tensor for a node's result; ``ctx.op`` appends an operator.
+
+Quantization slot: a node (or constant) whose ``meta[QUANT_META]`` holds a
+:class:`~circle_fx.circle.schema.QuantParams` gets those parameters on its Circle tensor.
 """
 from __future__ import annotations
 
@@ -10,12 +13,21 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from ..circle.schema import QuantParams
 from ..errors import UnsupportedOpError
 from ..fx_utils import dtype_of, static_shape, val
 from ..program import Program, fetch_attr
 from ..source import op_name, source_line
 from .builder import ModelBuilder
 from .types import circle_type, numpy_dtype, to_numpy
+
+#: ``node.meta`` key of a node's :class:`QuantParams` (set by quantization passes)
+QUANT_META = "circle_fx.quant"
+
+
+def quantization_of(node) -> QuantParams | None:
+    """The quantization a pass attached to ``node`` (None: a plain tensor)."""
+    return getattr(node, "meta", {}).get(QUANT_META)
 
 
 class LoweringContext:
@@ -33,7 +45,7 @@ class LoweringContext:
                 return self.values[value]
             if value.op == "get_attr":
                 t = fetch_attr(self.program.gm, value.target)
-                idx = self.const_tensor(t, value.target)
+                idx = self.const_tensor(t, value.target, quantization_of(value))
                 self.values[value] = idx
                 return idx
             if isinstance(val(value), torch.SymInt):
@@ -46,13 +58,13 @@ class LoweringContext:
             return self.const(np.array(value, dtype=numpy_dtype(dt)), "scalar")
         raise self.error(f"cannot use {type(value).__name__} {value!r} as a tensor")
 
-    def const_tensor(self, t: torch.Tensor, name: str) -> int:
+    def const_tensor(self, t: torch.Tensor, name: str, quantization: QuantParams | None = None) -> int:
         arr = to_numpy(t, f"constant {name}")
         key = None
         if t.is_contiguous() and arr.nbytes > 256:
             key = ("storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
         buf = self.builder.add_buffer(arr, key)
-        return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf)
+        return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
 
     def const(self, array, name: str = "const") -> int:
         return self.builder.add_constant(f"{self._prefix()}{name}", np.asarray(array))
@@ -100,7 +112,8 @@ class LoweringContext:
         if not isinstance(v, torch.Tensor):
             raise self.error(f"%{node.name} does not produce a tensor")
         shape, sig = self.shape_of(node)
-        idx = self.builder.add_tensor(node.name, shape, circle_type(v.dtype, self.where(node)), 0, sig)
+        idx = self.builder.add_tensor(node.name, shape, circle_type(v.dtype, self.where(node)), 0, sig,
+                                      quantization=quantization_of(node))
         self.values[node] = idx
         return idx
 

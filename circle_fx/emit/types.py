@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from circle_schema import circle
 
+from ..circle.schema import CIRCLE_TO_NUMPY, NUMPY_TO_CIRCLE, TT  # noqa: F401  (re-exported)
 from ..errors import UnsupportedDtypeError
-
-TT = circle.TensorType.TensorType
 
 TORCH_TO_CIRCLE = {
     torch.float32: TT.FLOAT32,
@@ -24,8 +22,6 @@ TORCH_TO_NUMPY = {
     torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
     torch.uint8: np.uint8, torch.bool: np.bool_,
 }
-NUMPY_TO_CIRCLE = {np.dtype(v): TORCH_TO_CIRCLE[k] for k, v in TORCH_TO_NUMPY.items()}
-CIRCLE_TO_NUMPY = {v: np.dtype(TORCH_TO_NUMPY[k]) for k, v in TORCH_TO_CIRCLE.items()}
 
 
 def circle_type(dtype, where: str = "") -> int:

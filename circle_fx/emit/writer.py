@@ -25,7 +25,8 @@ import flatbuffers
 import numpy as np
 from circle_schema import circle
 
-from .builder import BOPT, BOPT2, ModelBuilder, op_name
+from ..circle.schema import QuantParams, default_options, options_union
+from .builder import ModelBuilder
 
 FLATBUFFER_LIMIT = 2**31 - 1
 #: headroom kept below the 2 GB limit for tables and strings when choosing the layout
@@ -195,13 +196,11 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
         if op.options is None:
             op.options = default_options(op.code)
         if op.options is not None:
-            kind = type(op.options).__name__[:-1]  # AddOptionsT -> AddOptions
-            if hasattr(BOPT, kind):
-                o.builtinOptionsType = getattr(BOPT, kind)
-                o.builtinOptions = op.options
+            union, kind = options_union(type(op.options).__name__[:-1])  # AddOptionsT -> AddOptions
+            if union == 1:
+                o.builtinOptionsType, o.builtinOptions = kind, op.options
             else:
-                o.builtinOptions2Type = getattr(BOPT2, kind)
-                o.builtinOptions2 = op.options
+                o.builtinOptions2Type, o.builtinOptions2 = kind, op.options
         operators.append(o)
 
     tensors = []
@@ -213,6 +212,8 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
         tt.buffer = t.buffer
         if t.shape_signature is not None:
             tt.shapeSignature = t.shape_signature
+        if t.quantization is not None:
+            tt.quantization = _quantization(t.quantization)
         tensors.append(tt)
 
     sg = C.SubGraph.SubGraphT()
@@ -240,30 +241,12 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
     return memoryview(b.Bytes)[start:]
 
 
-_OPTION_ALIASES = {"MEAN": "ReducerOptions", "SUM": "ReducerOptions", "REDUCE_MAX": "ReducerOptions",
-                   "REDUCE_MIN": "ReducerOptions", "REDUCE_PROD": "ReducerOptions",
-                   "MAXIMUM": "MaximumMinimumOptions", "MINIMUM": "MaximumMinimumOptions",
-                   "SELECT_V2": "SelectV2Options", "SPLIT_V": "SplitVOptions",
-                   "LOG_SOFTMAX": "LogSoftmaxOptions", "RMS_NORM": "RmsNormOptions",
-                   "BATCH_MATMUL": "BatchMatMulOptions"}
-#: ops that onert runs (or requires) without an options table
-_NO_OPTIONS = {"RESHAPE", "CAST"}
-_DEFAULTS: dict[int, type | None] = {}
-
-
-def default_options(code: int):
-    """An options table with default values for ``code``, or None if the op has none.
-
-    onert crashes on operators whose options table is missing (an ADD without
-    ``AddOptions`` segfaults), so every op that has a table gets one.
-    """
-    if code not in _DEFAULTS:
-        name = op_name(code)
-        cls_name = _OPTION_ALIASES.get(name) or "".join(p.capitalize() for p in name.split("_")) + "Options"
-        mod = getattr(circle, cls_name, None)
-        _DEFAULTS[code] = None if name in _NO_OPTIONS or mod is None else getattr(mod, cls_name + "T", None)
-    cls = _DEFAULTS[code]
-    return cls() if cls is not None else None
+def _quantization(q: QuantParams):
+    qp = circle.QuantizationParameters.QuantizationParametersT()
+    qp.scale = list(q.scale)
+    qp.zeroPoint = list(q.zero_point)
+    qp.quantizedDimension = q.axis
+    return qp
 
 
 def _tensor_map(name: str, index: int):

@@ -3,22 +3,9 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from circle_schema import circle
 
-from ..builder import BO  # noqa: F401  (re-exported for lowering modules)
-
-C = circle
-
-
-def options(name: str, **fields):
-    """``options("AddOptions", fusedActivationFunction=0)`` -> a populated ``AddOptionsT``."""
-    mod = getattr(C, name)
-    obj = getattr(mod, name + "T")()
-    for k, v in fields.items():
-        if not hasattr(obj, k):
-            raise AttributeError(f"{name} has no field {k}")
-        setattr(obj, k, v)
-    return obj
+from ...circle.schema import BO  # noqa: F401  (re-exported for lowering modules)
+from ...circle.schema import make_options as options  # noqa: F401  (re-exported)
 
 
 def operand(ctx, value, dtype: torch.dtype) -> int:

@@ -2,7 +2,7 @@
 
 onert reacts to a malformed model with a segfault, a wrong answer or an error from deep
 inside its shape validator; none of those say which tensor or operator is wrong. This
-reads the file back (``circle_fx.reader``) and checks, in one pass each:
+reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
 
 - indices: every tensor, buffer and opcode index in range (``-1`` only as an optional input);
 - data flow: every operator input is a graph input, a constant, or the output of an earlier
@@ -28,13 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from circle_schema import circle
 
-from .emit.writer import default_options
-from .errors import VerifyError
+from ..errors import VerifyError
 from .reader import CircleFile, OperatorView, read_circle
-
-BO = circle.BuiltinOperator.BuiltinOperator
-BOPT = circle.BuiltinOptions.BuiltinOptions
-BOPT2 = circle.BuiltinOptions2.BuiltinOptions2
+from .schema import BO, TT, options_class_name, options_union
 
 Dims = list  # list[int | None]; None = dynamic
 
@@ -246,15 +242,13 @@ class _Checker:
         return ok
 
     def check_options(self, op: OperatorView, where: str) -> None:
-        want = default_options(op.builtin_code)
-        if want is None:
+        kind = options_class_name(op.builtin_code)
+        if kind is None:
             return
-        kind = type(want).__name__[:-1]
-        if hasattr(BOPT, kind):
-            if op.options_type != getattr(BOPT, kind):
-                self.bad(f"{where}: options type {op.options_type} is not {kind} (onert needs the table)")
-        elif hasattr(BOPT2, kind) and op.options2_type != getattr(BOPT2, kind):
-            self.bad(f"{where}: options2 type {op.options2_type} is not {kind} (onert needs the table)")
+        union, value = options_union(kind)
+        got = op.options_type if union == 1 else op.options2_type
+        if got != value:
+            self.bad(f"{where}: options{'' if union == 1 else '2'} type {got} is not {kind} (onert needs the table)")
 
     def check_signatures(self) -> None:
         cf = self.cf
@@ -291,7 +285,7 @@ class _Checker:
             self.bad(f"operator {op.index} {op.name} ({ins} -> {outs}): {msg}")
 
     def options(self, op: OperatorView, name: str):
-        table = op.raw.BuiltinOptions() if hasattr(BOPT, name) else op.raw.BuiltinOptions2()
+        table = op.raw.BuiltinOptions() if options_union(name)[0] == 1 else op.raw.BuiltinOptions2()
         if table is None:
             raise _Skip()
         mod = getattr(circle, name)
@@ -366,12 +360,12 @@ def _types(c: _Checker, op: OperatorView) -> str | None:
     name = op.name
     if name == "SELECT_V2":
         cond, t = t[0], t[1:]
-        if cond != circle.TensorType.TensorType.BOOL:
+        if cond != TT.BOOL:
             return "condition is not BOOL"
     if len(set(t)) > 1:
         return "input types differ: " + ", ".join(c.cf.tensors[i].type_name for i in op.inputs if i >= 0)
     if name in _COMPARISONS:
-        return None if out == circle.TensorType.TensorType.BOOL else "comparison output is not BOOL"
+        return None if out == TT.BOOL else "comparison output is not BOOL"
     if t and out != t[0]:
         return f"output type {c.cf.tensors[op.outputs[0]].type_name} differs from the inputs'"
     return None

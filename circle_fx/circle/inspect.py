@@ -1,6 +1,6 @@
 """``circle-fx inspect``: a Circle file's operators, tensors and buffers as plain tables.
 
-Works from :func:`circle_fx.reader.read_circle`, so it shows what is actually in the file
+Works from :func:`circle_fx.circle.reader.read_circle`, so it shows what is actually in the file
 (any Circle file, not only ones circle_fx wrote). Operator options are decoded generically
 from the schema and only values that differ from the schema defaults are printed, which
 keeps rows short while still showing what matters (``epsilon``, ``adjointRhs``...).
@@ -13,10 +13,12 @@ import numpy as np
 from circle_schema import circle
 
 from .reader import CircleFile, OperatorView, read_circle
+from .schema import BOPT, BOPT2
 
 SECTIONS = ("operators", "tensors", "buffers")
 
-_OPTION_NAMES = {v: k for k, v in vars(circle.BuiltinOptions.BuiltinOptions).items() if not k.startswith("_")}
+_OPTION_NAMES = {v: k for k, v in vars(BOPT).items() if not k.startswith("_")}
+_OPTION2_NAMES = {v: k for k, v in vars(BOPT2).items() if not k.startswith("_")}
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
@@ -41,8 +43,12 @@ def _value(v) -> str:
 
 def operator_options(op: OperatorView) -> str:
     """``name=value`` for each option that differs from its schema default ('' if none)."""
-    name = _OPTION_NAMES.get(op.options_type)
-    table = op.raw.BuiltinOptions() if op.raw is not None and op.options_type else None
+    if op.options_type:
+        name = _OPTION_NAMES.get(op.options_type)
+        table = op.raw.BuiltinOptions() if op.raw is not None else None
+    else:
+        name = _OPTION2_NAMES.get(op.options2_type) if op.options2_type else None
+        table = op.raw.BuiltinOptions2() if op.raw is not None and name else None
     module = getattr(circle, name, None) if name else None
     if table is None or module is None:
         return ""
@@ -94,9 +100,10 @@ def format_circle(cf: CircleFile, sections=SECTIONS, title: str = "") -> str:
             role = ("input" if t.index in cf.inputs else "output" if t.index in cf.outputs
                     else "const" if b is not None and b.size else "")
             rows.append([str(t.index), t.name, t.type_name, _shape(t), str(t.buffer),
-                         f"{b.size:,}" if b is not None and b.size else "", role])
+                         f"{b.size:,}" if b is not None and b.size else "", role,
+                         t.quantization.describe() if t.quantization is not None else ""])
         lines += ["", f"Tensors ({len(rows)})"] + _table(
-            ["#", "name", "type", "shape", "buffer", "bytes", "role"], rows, {0, 4, 5})
+            ["#", "name", "type", "shape", "buffer", "bytes", "role", "quantization"], rows, {0, 4, 5})
 
     if "buffers" in sections:
         users: dict[int, list[str]] = {}

@@ -10,7 +10,7 @@ import tempfile
 
 import numpy as np
 
-from .errors import RuntimeFailure
+from ..errors import RuntimeFailure
 
 
 class OnertSession:

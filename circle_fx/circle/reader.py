@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from circle_schema import circle
 
-from .emit.builder import op_name
-from .emit.types import CIRCLE_TO_NUMPY
-from .errors import VerifyError
+from ..errors import VerifyError
+from .schema import CIRCLE_TO_NUMPY, QuantParams, op_name, type_name
 
 
 @dataclass
@@ -25,6 +24,7 @@ class TensorView:
     shape_signature: list[int] | None
     type: int  # circle TensorType
     buffer: int
+    quantization: QuantParams | None = None
 
     @property
     def dtype(self):
@@ -32,10 +32,7 @@ class TensorView:
 
     @property
     def type_name(self) -> str:
-        for k, v in vars(circle.TensorType.TensorType).items():
-            if v == self.type and not k.startswith("_"):
-                return k
-        return str(self.type)
+        return type_name(self.type)
 
 
 @dataclass
@@ -94,6 +91,17 @@ def _load(src) -> bytes | memoryview:
     return memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if os.path.getsize(path) else memoryview(b"")
 
 
+def _quantization(t) -> QuantParams | None:
+    """The tensor's scale/zero point (None when it has none: a QuantizationParameters table
+    with no scales, as some writers leave on float tensors, carries nothing)."""
+    q = t.Quantization()
+    if q is None or q.ScaleIsNone() or not q.ScaleLength():
+        return None
+    scale = q.ScaleAsNumpy()
+    zp = q.ZeroPointAsNumpy() if not q.ZeroPointIsNone() and q.ZeroPointLength() else [0] * len(scale)
+    return QuantParams(tuple(scale), tuple(zp), q.QuantizedDimension())
+
+
 def read_circle(src) -> CircleFile:
     """Parse a Circle file (path, bytes or memoryview) into a :class:`CircleFile`."""
     buf = _load(src)
@@ -129,7 +137,7 @@ def read_circle(src) -> CircleFile:
             sig = [int(x) for x in t.ShapeSignatureAsNumpy()] if not t.ShapeSignatureIsNone() else None
             shape = [int(x) for x in t.ShapeAsNumpy()] if not t.ShapeIsNone() else []
             name = t.Name().decode() if t.Name() is not None else ""
-            tensors.append(TensorView(i, name, shape, sig, t.Type(), t.Buffer()))
+            tensors.append(TensorView(i, name, shape, sig, t.Type(), t.Buffer(), _quantization(t)))
         operators = []
         for i in range(sg.OperatorsLength()):
             o = sg.Operators(i)
