@@ -65,4 +65,4 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     serialized = serialize(builder, external=external_weights)
     t3 = time.perf_counter()
     report.timings = {"export": capture_seconds, "passes": t2 - t1, "emit": t3 - t2}
-    return CircleModel(builder, serialized, report, program)
+    return CircleModel(builder, serialized, report)

@@ -1,12 +1,13 @@
 """``explain``: why did (or didn't) my norm fuse?
 
-Runs the normal pass pipeline with the RMSNorm fusion recording its failed attempts, then
-looks at what is left in the graph for things that look like an unfused RMSNorm:
+Runs the normal pass pipeline with every fusion family's pass recording its failed
+attempts, then looks at what is left in the graph for things that look like an unfused
+member of a family:
 
-- *candidates*: reductions (``mean``/``sum``) of a square-like value (``pow`` or ``mul``)
-  and ``rsqrt`` nodes that survived fusion, plus fused nodes whose weight multiplication
-  was refused;
-- for each candidate, every attempt rooted at most :data:`HOPS` users downstream is a
+- *candidates*: what each family's :class:`~circle_fx.fusions.Candidate` hints detect
+  (for RMSNorm: reductions of a square-like value and ``rsqrt`` nodes that survived
+  fusion, plus fused nodes whose weight multiplication was refused);
+- for each candidate, every attempt of that family rooted at most ``hops`` users downstream is a
   possible explanation (the recorded ones from the fuse pass, and a fresh attempt on the
   final graph for roots the pass did not record because they failed at the first op);
 - the best attempt wins: one that reached the candidate; then a rule *check* failing
@@ -23,23 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-import torch
 import torch.fx as fx
 
-from .fx_utils import strip_casts
-from .ops import rms_norm
-from .passes import default_pipeline, finalize_pipeline, fuse_rms_norm, run_passes
+from .fusions import families
+from .passes import default_pipeline, finalize_pipeline, fuse_family, run_passes
 from .patterns.matcher import MatchFailure
 from .patterns.rewrite import try_rewrite
 from .source import describe, source_line
-
-aten = torch.ops.aten
-
-#: how far downstream of a candidate an attempt's root may be (mul, rsqrt, add, mul, mul,
-#: cast: the longest RMSNorm spelling from the reduction to its last op)
-HOPS = 6
-_REDUCTIONS = {aten.mean.dim, aten.sum.dim_IntList, aten.mean.default, aten.sum.default}
-_SQUARE_LIKE = {aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.mul.Tensor, aten.square.default}
 
 
 @dataclass
@@ -101,7 +92,7 @@ class ExplainResult:
             lines.append(f"  {i}. {body[0]}")
             lines.extend("  " + b for b in body[1:])
         if not self.entries:
-            lines.append("  (no near misses: every RMSNorm-like subgraph fused)")
+            lines.append("  (no near misses: every fusion candidate fused)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -109,7 +100,7 @@ class ExplainResult:
 
 
 def explain(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes=None) -> ExplainResult:
-    """Capture ``model`` and report which RMSNorms fused and, for each that almost did,
+    """Capture ``model`` and report which subgraphs fused and, for each that almost did,
     which condition failed and where in the source."""
     from .api import capture
 
@@ -124,17 +115,21 @@ def explain_report(model, example_inputs, **kwargs) -> str:
 
 def explain_program(program) -> ExplainResult:
     """:func:`explain` on an already captured :class:`~circle_fx.program.Program` (modified in place)."""
-    fuse = fuse_rms_norm(record_failures=True)
-    pipeline = default_pipeline().replace("fuse_rms_norm", fuse)
+    pipeline = default_pipeline()
+    fuses = []  # (family, its recording fuse pass)
+    for family in families():
+        fuse = fuse_family(family, record_failures=True)
+        if family.pass_name in pipeline.names():
+            pipeline.replace(family.pass_name, fuse)
+        fuses.append((family, fuse))
     run_passes(program, pipeline)
     run_passes(program, finalize_pipeline())
     graph = program.gm.graph
     # by root, each with its position so candidates see them in recording order
     recorded: dict[fx.Node, list] = {}
-    for i, f in enumerate(program.notes.get("near_misses", [])):
+    for i, f in enumerate(program.fusion_log.near_misses):
         if _alive(f.root):
             recorded.setdefault(f.root, []).append((i, f))
-    rule_names = {id(r.pattern): r.name for r in fuse.rules}
 
     result = ExplainResult()
     for rec in program.fusions():
@@ -144,17 +139,12 @@ def explain_program(program) -> ExplainResult:
     for node in graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target in _REDUCTIONS and _is_square_like(node.args[0]):
-            entry = _explain_candidate(node, fuse, recorded, rule_names, require_check=False)
-        elif node.target is aten.rsqrt.default and not _near(node, reported):
-            entry = _explain_candidate(node, fuse, recorded, rule_names, require_check=False)
-        elif node.target is rms_norm and node.args[1] is None:
-            # fused, but a following weight multiplication was refused by a check
-            entry = _explain_candidate(node, fuse, recorded, rule_names, require_check=True, hops=2)
-            if entry is not None:
-                entry.kind = "rms_norm weight"
-        else:
-            continue
+        entry = None
+        for family, fuse, hint in ((f, p, h) for f, p in fuses for h in f.candidates):
+            if not hint.detect(node) or (hint.skip_near_reported and _near(node, reported)):
+                continue
+            entry = _explain_candidate(node, family, fuse, recorded, hint)
+            break
         if entry is not None:
             reported.add(node)
             result.entries.append(entry)
@@ -165,11 +155,6 @@ def explain_program(program) -> ExplainResult:
 
 def _alive(n: fx.Node) -> bool:
     return isinstance(n, fx.Node) and not getattr(n, "_erased", False) and n.graph is not None
-
-
-def _is_square_like(v) -> bool:
-    v = strip_casts(v)
-    return isinstance(v, fx.Node) and v.op == "call_function" and v.target in _SQUARE_LIKE
 
 
 def _downstream(node: fx.Node, hops: int) -> list[fx.Node]:
@@ -203,12 +188,15 @@ def _near(node: fx.Node, reported: set) -> bool:
     return False
 
 
-def _explain_candidate(node, fuse, recorded, rule_names, require_check: bool, hops: int = HOPS):
+def _explain_candidate(node, family, fuse, recorded, hint):
+    hops, require_check = hint.hops, hint.require_check
+    rule_names = {id(r.pattern): r.name for r in fuse.rules}
     roots = _downstream(node, hops)
     depth = {n: i for i, n in enumerate(roots)}
-    failures: list[tuple[MatchFailure, str]] = [
-        (f, rule_names.get(id(f.pattern), f.pattern.name))
-        for _, f in sorted((r for root in roots for r in recorded.get(root, ())), key=lambda r: r[0])]
+    failures: list[tuple[MatchFailure, str]] = [  # this family's recorded attempts only
+        (f, rule_names[id(f.pattern)])
+        for _, f in sorted((r for root in roots for r in recorded.get(root, ())), key=lambda r: r[0])
+        if id(f.pattern) in rule_names]
     for root in roots:  # fresh attempts on the final graph (cover first-op failures the pass skips)
         for rule in fuse.rules_for(root):
             m = try_rewrite(rule, root)
@@ -227,14 +215,13 @@ def _explain_candidate(node, fuse, recorded, rule_names, require_check: bool, ho
         touched = f.at in depth  # failed on a value computed from the candidate
         return (reached, f.check is not None, touched, -depth.get(f.root, hops), f.progress, -f.pattern.size)
 
-    kind = "rms_norm"
+    kind = hint.kind or family.name
     if not failures:
-        return NearMiss(kind, describe_short(node), source_line(node), None,
-                        "no RMSNorm rule is rooted near it (nothing multiplies the input by its rsqrt scale)")
+        return NearMiss(kind, describe_short(node), source_line(node), None, family.no_rule_hint)
     best, rule = max(failures, key=rank)
     reason = best.reason
     if not (node in best.nodes or best.root is node):
-        reason = f"the nearest RMSNorm attempt did not reach it: {reason}"
+        reason = f"the nearest {family.title} attempt did not reach it: {reason}"
     where = source_line(best.at) if best.at is not None else None
     return NearMiss(kind, describe_short(node), source_line(node), rule, reason, where, best.check)
 

@@ -17,6 +17,8 @@ from .errors import InputError
 @dataclass
 class ExportReport:
     timings: dict[str, float] = field(default_factory=dict)
+    #: the program's applied fusions (``FusionRecord`` s: strings only, no FX nodes), taken
+    #: from its fusion log when the passes finished
     fusions: list = field(default_factory=list)
     pass_timings: dict[str, float] = field(default_factory=dict)
 
@@ -26,13 +28,14 @@ class CircleModel:
 
     ``save(path)`` writes it atomically; ``to_bytes()`` returns the file content;
     ``run(*inputs)`` executes it in onert; ``summary()`` describes it.
+    It keeps no reference to the FX graph it came from (that can be large: weights held as
+    attributes, node metadata); the report has what the summary needs.
     """
 
-    def __init__(self, builder: ModelBuilder, serialized: Serialized, report: ExportReport, program=None):
+    def __init__(self, builder: ModelBuilder, serialized: Serialized, report: ExportReport):
         self.builder = builder
         self.serialized = serialized
         self.report = report
-        self.program = program
         self._session = None
         self._session_path: str | None = None
 

@@ -13,14 +13,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from .fusion_log import FusionLog
+
 
 @dataclass
 class Program:
     gm: fx.GraphModule
     input_names: list[str]
     output_names: list[str]
-    #: Records appended by passes (e.g. fusions applied), shown by ``CircleModel.summary``.
+    #: Free-form records passes may keep (not read by circle_fx itself).
     notes: dict = field(default_factory=dict)
+    #: The one store of applied fusions and near misses (summary, CLI, explain read it).
+    fusion_log: FusionLog = field(default_factory=FusionLog)
 
     @property
     def graph(self) -> fx.Graph:
@@ -39,7 +43,7 @@ class Program:
 
     def fusions(self) -> list:
         """The fusion records (``FusionRecord``) the fuse passes kept, in the order made."""
-        return list(self.gm.meta.get("circle_fx.fusions", {}).values())
+        return self.fusion_log.fusions()
 
 
 def fetch_attr(gm: fx.GraphModule, target: str):

@@ -112,7 +112,7 @@ def test_conftest_hook_verifies_every_run_and_save(cover, tmp_path):
     assert getattr(cover[0], "_cfx_verified", False)  # verified as soon as it was exported
     cm, model, inputs = cover
     bad = mutate(cm.to_bytes(), lambda m, sg: setattr(sg.operators[0], "inputs", np.array([99, 0])))
-    broken = CircleModel(cm.builder, Serialized(memoryview(bad)), cm.report, cm.program)
+    broken = CircleModel(cm.builder, Serialized(memoryview(bad)), cm.report)
     with pytest.raises(VerifyError, match="out of range"):
         broken.run(*inputs)
     with pytest.raises(VerifyError):

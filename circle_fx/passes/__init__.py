@@ -1,6 +1,8 @@
 """Pass infrastructure and the built-in passes.
 
-The default pipeline is ``decompose -> canonicalize -> fold_constants -> dce -> fuse_rms_norm -> dce``.
+The default pipeline is ``decompose -> canonicalize -> fold_constants -> dce -> fuse_<family>... -> dce``:
+one fuse pass per registered fusion family (:mod:`circle_fx.fusions`), named ``fuse_<name>``
+(``fuse_rms_norm`` for the built-in RMSNorm family), in registration order.
 Users pass their own list to ``circle_fx.export(..., passes=[...])``, or edit a copy of
 the default (:func:`default_pipeline` returns a fresh, editable :class:`Pipeline`).
 After the user pipeline, :func:`finalize_pipeline` always runs (decompose + folding + DCE), because
@@ -8,6 +10,7 @@ the emitter relies on constant-only subgraphs being gone.
 """
 from __future__ import annotations
 
+from ..fusions import families, get_family
 from .base import Pass, PassLike, pass_name
 from .canonicalize import Canonicalize
 from .dce import DeadCodeElimination
@@ -17,15 +20,24 @@ from .fuse import FusePatterns, FusionRecord
 from .manager import Pipeline, run_passes
 
 
-def fuse_rms_norm(record_failures: bool = False) -> FusePatterns:
-    from ..patterns.rms_norm import RULES
+def fuse_family(family, record_failures: bool = False) -> FusePatterns:
+    """The fuse pass of one fusion family (a family object or its registered name)."""
+    family = get_family(family) if isinstance(family, str) else family
+    return FusePatterns(family.rules, name=family.pass_name, record_failures=record_failures)
 
-    return FusePatterns(RULES, name="fuse_rms_norm", record_failures=record_failures)
+
+def fuse_rms_norm(record_failures: bool = False) -> FusePatterns:
+    return fuse_family("rms_norm", record_failures)
+
+
+def fuse_passes(record_failures: bool = False) -> list[FusePatterns]:
+    """One fuse pass per registered family, in registration order."""
+    return [fuse_family(f, record_failures) for f in families()]
 
 
 def default_pipeline() -> Pipeline:
     """A fresh copy of the default pass list; safe to edit."""
-    return Pipeline([DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(), fuse_rms_norm(),
+    return Pipeline([DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(), *fuse_passes(),
                      DeadCodeElimination()])
 
 
@@ -35,5 +47,5 @@ def finalize_pipeline() -> Pipeline:
 
 
 __all__ = ["Pass", "PassLike", "pass_name", "Canonicalize", "DeadCodeElimination", "DecomposeComposites", "FoldConstants",
-           "FusePatterns", "FusionRecord", "Pipeline", "run_passes", "fuse_rms_norm",
+           "FusePatterns", "FusionRecord", "Pipeline", "run_passes", "fuse_family", "fuse_passes", "fuse_rms_norm",
            "default_pipeline", "finalize_pipeline"]

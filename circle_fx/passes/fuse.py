@@ -7,28 +7,16 @@ Because the sweep is in topological order, a rule can build on a fusion made ear
 the same sweep (``rms_norm(x) * w`` absorbs the weight right after the core fused).
 
 With ``record_failures=True`` failed attempts that got some way in are kept in
-``program.notes["near_misses"]`` for :func:`circle_fx.explain`.
+``program.fusion_log.near_misses`` for :func:`circle_fx.explain`.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 
+from ..fusion_log import FusionRecord  # noqa: F401  (re-exported: circle_fx.passes.FusionRecord)
 from ..patterns.rewrite import Rewrite, apply, try_rewrite
 from ..source import source_line
 from .base import Pass
-
-
-@dataclass
-class FusionRecord:
-    """One fused subgraph: what it became, which rules built it, where it came from."""
-
-    kind: str
-    node: str
-    rules: list[str]
-    source: str
-    replaced_ops: int = 0
-    details: dict = field(default_factory=dict)
 
 
 class FusePatterns(Pass):
@@ -47,8 +35,8 @@ class FusePatterns(Pass):
 
     def run(self, program) -> bool:
         g = program.gm.graph
-        records: dict = program.gm.meta.setdefault("circle_fx.fusions", {})
-        misses = program.notes.setdefault("near_misses", []) if self.record_failures else None
+        records: dict = program.fusion_log.applied
+        misses = program.fusion_log.near_misses if self.record_failures else None
         changed = False
         for node in list(g.nodes):
             if getattr(node, "_erased", False) or node.op != "call_function":

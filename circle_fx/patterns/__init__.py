@@ -1,5 +1,6 @@
-"""Pattern language (:mod:`.pattern`), matcher (:mod:`.matcher`), rewrite rules
-(:mod:`.rewrite`) and the pattern library (:mod:`.rms_norm`)."""
+"""The pattern language: patterns (:mod:`.pattern`), matcher (:mod:`.matcher`) and rewrite
+rules (:mod:`.rewrite`). The rules written in it live with their fusion family in
+:mod:`circle_fx.fusions`."""
 from .matcher import Match, MatchFailure, match
 from .pattern import Pattern, optional_cast, pattern
 from .rewrite import Rewrite, apply, try_rewrite

@@ -13,9 +13,12 @@ duplicate casts merged); what remains are genuinely different associations of th
    into an existing fused node — so Llama's cast-before-weight, GPT-OSS's cast-after and
    Gemma's ``(1 + w)`` (a constant after folding) all end as one node.
 
-(``torch.nn.RMSNorm`` exports as one ``aten.rms_norm`` op; passes/decompose.py maps it.)
+``torch.nn.RMSNorm`` exports as one ``aten.rms_norm`` op: the family owns that mapping
+too (:func:`aten_rms_norm_to_circle`, run by the decompose pass), so the one place that
+knows what ``circle.rms_norm`` means is this file.
 
-Everything the graph shape cannot express is a named check with a message for ``explain``.
+Everything the graph shape cannot express is a named check with a message for ``explain``;
+the ``CANDIDATES`` at the end tell ``explain`` what an unfused RMSNorm looks like.
 """
 from __future__ import annotations
 
@@ -24,13 +27,14 @@ import math
 import torch
 import torch.fx as fx
 
-from ..fx_utils import CAST_OPS, dtype_of, look_through, make_node, shape_of, strip_casts
+from ..fx_utils import CAST_OPS, arguments, dtype_of, look_through, make_node, shape_of, strip_casts
 from ..ops import rms_norm
+from ..patterns.matcher import Match
+from ..patterns.pattern import Pattern, optional_cast
+from ..patterns.rewrite import Rewrite
 from ..program import fetch_attr
 from ..source import describe
-from .matcher import Match
-from .pattern import Pattern, optional_cast
-from .rewrite import Rewrite
+from .registry import Candidate, FusionFamily, register_family
 
 aten = torch.ops.aten
 
@@ -201,3 +205,66 @@ RULES = [
             (_check_weight,) + _SOUND_CHECKS, produces="rms_norm"),
 ]
 """The RMSNorm rules, tried in this order at each candidate root."""
+
+
+# ------------------------------------------------------------ composite: aten.rms_norm
+
+def aten_rms_norm_to_circle(n: fx.Node, g: fx.Graph) -> fx.Node | None:
+    """``aten.rms_norm`` (``nn.RMSNorm``, ``F.rms_norm``) -> ``circle.rms_norm``.
+
+    Normalising over the last axis only is exactly ``circle.rms_norm``; over several
+    trailing axes it has no Circle counterpart and is spelled out in primitive aten ops
+    (which the emitter lowers one by one). Semantics follow torch's own decomposition
+    (``_fused_rms_norm``): compute in at least float32, ``eps=None`` means
+    ``finfo(compute dtype).eps``, result in the input dtype.
+    """
+    x, normalized_shape, weight, eps = arguments(n)[:4]
+    xdt, shape = dtype_of(x), shape_of(x)
+    if xdt is None or not xdt.is_floating_point or shape is None or not normalized_shape:
+        return None
+    compute = torch.promote_types(xdt, torch.float32)
+    eps = float(torch.finfo(compute).eps if eps is None else eps)
+    k = len(normalized_shape)
+    if k == 1:
+        return make_node(g, rms_norm, (x, weight, eps), like=n)
+    xf = x if compute == xdt else make_node(g, aten._to_copy.default, (x,), {"dtype": compute}, like=n)
+    dims = [len(shape) - 1 - i for i in range(k)]
+    var = make_node(g, aten.mean.dim, (make_node(g, aten.pow.Tensor_Scalar, (xf, 2), like=n), dims, True), like=n)
+    scale = make_node(g, aten.rsqrt.default, (make_node(g, aten.add.Tensor, (var, eps), like=n),), like=n)
+    y = make_node(g, aten.mul.Tensor, (xf, scale), like=n)
+    if weight is not None:
+        y = make_node(g, aten.mul.Tensor, (y, weight), like=n)
+    if dtype_of(y) != xdt:
+        y = make_node(g, aten._to_copy.default, (y,), {"dtype": xdt}, like=n)
+    return y
+
+
+# --------------------------------------------------------------- explain candidates
+
+_REDUCTIONS = {aten.mean.dim, aten.sum.dim_IntList, aten.mean.default, aten.sum.default}
+_SQUARE_LIKE = {aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.mul.Tensor, aten.square.default}
+#: how far downstream of a candidate an attempt's root may be (mul, rsqrt, add, mul, mul,
+#: cast: the longest RMSNorm spelling from the reduction to its last op)
+HOPS = 6
+
+
+def _reduces_a_square(n: fx.Node) -> bool:
+    v = strip_casts(n.args[0]) if n.args else None
+    return n.target in _REDUCTIONS and isinstance(v, fx.Node) and v.op == "call_function" and v.target in _SQUARE_LIKE
+
+
+def _unweighted_fused(n: fx.Node) -> bool:
+    return n.target is rms_norm and n.args[1] is None
+
+
+CANDIDATES = (
+    Candidate(_reduces_a_square, hops=HOPS),
+    Candidate(lambda n: n.target is aten.rsqrt.default, hops=HOPS, skip_near_reported=True),
+    # fused, but a following weight multiplication was refused by a check
+    Candidate(_unweighted_fused, kind="rms_norm weight", hops=2, require_check=True),
+)
+
+FAMILY = register_family(FusionFamily(
+    "rms_norm", RULES, op=rms_norm, composites={aten.rms_norm.default: aten_rms_norm_to_circle},
+    candidates=CANDIDATES, title="RMSNorm",
+    no_rule_hint="no RMSNorm rule is rooted near it (nothing multiplies the input by its rsqrt scale)"))

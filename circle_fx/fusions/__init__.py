@@ -1,0 +1,10 @@
+"""Fusion families (one module each) and their registry (:mod:`.registry`).
+
+Built-in families are imported here, eagerly, so importing :mod:`circle_fx.fusions`
+registers them; a user family is registered the same way (``register_family``).
+"""
+from .registry import Candidate, FusionFamily, composite_rules, families, get_family, register_family, unregister_family
+from . import rms_norm  # noqa: F401  (registers the RMSNorm family)
+
+__all__ = ["Candidate", "FusionFamily", "composite_rules", "families", "get_family", "register_family",
+           "unregister_family"]

@@ -1,0 +1,100 @@
+"""The fusion-family registry: everything one kind of fusion owns, in one record.
+
+A :class:`FusionFamily` bundles what used to be spread over the passes, ``explain`` and
+the decompose step: the rewrite rules (pattern + checks + replacement), the custom op they
+produce, the composite aten ops that map straight onto that op (``aten.rms_norm`` ->
+``circle.rms_norm``), and the *candidate* hints ``explain`` uses to find subgraphs that
+look like the family but did not fuse. ``default_pipeline()``, the decompose pass and
+``explain`` iterate :func:`families`, so adding a family is one new module that calls
+:func:`register_family` (see ``circle_fx/fusions/rms_norm.py``).
+
+This module imports neither the passes nor ``explain`` (they import it), so there is no
+import cycle.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch.fx as fx
+
+from ..patterns.rewrite import Rewrite
+
+#: ``(node, graph) -> replacement node | None``; inserted before ``node`` by the decompose pass
+CompositeRule = Callable[[fx.Node, fx.Graph], Optional[fx.Node]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An ``explain`` hint: a node for which ``detect(node)`` is true after fusion looks
+    like an unfused member of the family, and is explained by the rule attempts rooted at
+    most ``hops`` users downstream of it."""
+
+    detect: Callable[[fx.Node], bool]
+    #: entry kind in the report (default: the family name)
+    kind: str = ""
+    hops: int = 6
+    #: only report when a rule's shape matched and a check refused (a partial fusion)
+    require_check: bool = False
+    #: skip a node a few hops below an already reported candidate (one entry per subgraph)
+    skip_near_reported: bool = False
+
+
+@dataclass
+class FusionFamily:
+    """One kind of fusion: its rules, the op they produce, composites it owns, explain hints."""
+
+    name: str
+    rules: Sequence[Rewrite]
+    #: the custom op the rules produce (e.g. ``torch.ops.circle.rms_norm.default``)
+    op: object = None
+    #: composite aten op -> rewrite into ``op`` (or primitives); run by the decompose pass
+    composites: dict = field(default_factory=dict)
+    candidates: Sequence[Candidate] = ()
+    #: what ``explain`` says when no rule is rooted near a candidate
+    no_rule_hint: str = ""
+    #: how messages name the family ("RMSNorm"); default: ``name``
+    title: str = ""
+
+    def __post_init__(self):
+        self.title = self.title or self.name
+        self.no_rule_hint = self.no_rule_hint or f"no {self.title} rule is rooted near it"
+
+    @property
+    def pass_name(self) -> str:
+        """The fuse pass's name in the pipeline (``fuse_rms_norm``): user code edits it by name."""
+        return f"fuse_{self.name}"
+
+
+_FAMILIES: dict[str, FusionFamily] = {}
+
+
+def register_family(family: FusionFamily) -> FusionFamily:
+    """Add ``family`` (or replace one of the same name, with a warning); returns it."""
+    if family.name in _FAMILIES and _FAMILIES[family.name] is not family:
+        warnings.warn(f"fusion family {family.name!r} registered again; the new one replaces the old",
+                      stacklevel=2)
+    _FAMILIES[family.name] = family
+    return family
+
+
+def unregister_family(name: str) -> FusionFamily:
+    return _FAMILIES.pop(name)
+
+
+def families() -> list[FusionFamily]:
+    """The registered families, in registration order (the fuse passes run in this order)."""
+    return list(_FAMILIES.values())
+
+
+def get_family(name: str) -> FusionFamily:
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"no fusion family {name!r}; registered: {list(_FAMILIES)}") from None
+
+
+def composite_rules() -> dict:
+    """aten op -> (family, rule) for every composite a family owns."""
+    return {op: (f, rule) for f in _FAMILIES.values() for op, rule in f.composites.items()}
