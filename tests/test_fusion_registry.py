@@ -200,3 +200,26 @@ def test_circle_model_does_not_keep_the_fx_graph_alive():
     gc.collect()
     assert gm() is None, "the exported CircleModel still references the GraphModule"
     assert len(cm.report.fusions) == 2 and "fusions applied: 2" in cm.summary()
+
+
+def test_mapped_norm_that_absorbs_a_weight_stays_one_fusion():
+    """``nn.RMSNorm`` without affine weight, times a weight: the mapping's record is merged
+    into the weight rule's, not counted twice."""
+
+    class NormThenScale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.norm = torch.nn.RMSNorm(16, elementwise_affine=False)
+            self.w = torch.nn.Parameter(torch.randn(16))
+
+        def forward(self, x):
+            return self.norm(x) * self.w
+
+    model, x = NormThenScale().eval(), torch.randn(2, 5, 16)
+    cm = circle_fx.export(model, (x,))
+    assert dict(cm.op_histogram()) == {"RMS_NORM": 1}
+    assert [f.rules for f in cm.report.fusions] == [["aten.rms_norm", "rms_norm_weight"]]
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(cm.run(x)[0], want, rtol=1e-5, atol=1e-5)
