@@ -4,19 +4,35 @@
     def _(ctx, node):
         ctx.op(BO.NEG, [ctx.tensor(node.args[0])], [ctx.output(node)])
 
-Modules under ``circle_fx.emit.lowerings`` register themselves on import; users can
-register lowerings for their own custom ops the same way.
+The built-in lowerings (every module under ``circle_fx.emit.lowerings``) are registered
+when ``circle_fx.emit`` is imported, i.e. before any user code can call :func:`lowering`:
+a user lowering for a new op only adds to the table. Registering a target that already has
+a lowering replaces it and warns (``override=True`` says it is meant), so a typo'd or
+duplicated registration cannot silently change what an existing op becomes.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
+
+from ..source import op_name
 
 LOWERINGS: dict[object, Callable] = {}
 
 
-def lowering(*targets):
+def _describe(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def lowering(*targets, override: bool = False):
+    """Register the decorated function as the lowering of each of ``targets``."""
     def register(fn: Callable) -> Callable:
         for t in targets:
+            old = LOWERINGS.get(t)
+            if old is not None and old is not fn and not override:
+                warnings.warn(f"lowering for {op_name(t)} re-registered: {_describe(fn)} replaces "
+                              f"{_describe(old)} (pass override=True to lowering() if this is intended)",
+                              stacklevel=2)
             LOWERINGS[t] = fn
         return fn
 
@@ -24,6 +40,12 @@ def lowering(*targets):
 
 
 def lowering_for(target) -> Callable | None:
-    if not LOWERINGS:
-        from . import lowerings  # noqa: F401  (registers the built-in lowerings)
     return LOWERINGS.get(target)
+
+
+def builtin_targets() -> set:
+    """Targets whose lowering is a built-in one (defined under ``circle_fx.emit.lowerings``)."""
+    return {t for t, fn in LOWERINGS.items() if getattr(fn, "__module__", "").startswith(_BUILTIN_PACKAGE)}
+
+
+_BUILTIN_PACKAGE = "circle_fx.emit.lowerings."

@@ -1,4 +1,11 @@
-"""Built-in lowerings, grouped by kind; importing this package registers them all."""
-from . import attention, elementwise, linear, norm, reduce, shape  # noqa: F401
-from . import clamp, gather, repeat, topk  # noqa: F401  (model families: MoE routing, GPT-OSS)
-from . import dynamic  # noqa: F401  (sym_size in dynamic-shape graphs)
+"""Built-in lowerings, one module per kind of op; importing this package registers them all.
+
+Every public module in this folder is imported (``pkgutil``), so a new lowering file needs
+no hand-edited import list; ``_``-prefixed modules are shared helpers.
+"""
+import importlib
+import pkgutil
+
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if not _m.startswith("_"):
+        importlib.import_module(f"{__name__}.{_m}")
