@@ -14,7 +14,7 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
   reductions keep their input's type;
 - shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
-  reductions, STRIDED_SLICE). Dynamic dims (``-1`` in ``shape_signature``) match anything;
+  reductions, STRIDED_SLICE, ARG_MAX). Dynamic dims (``-1`` in ``shape_signature``) match anything;
 - signatures: names present and unique, pointing at exactly the graph inputs/outputs.
 
 All problems are collected and raised together as one :class:`VerifyError`.
@@ -567,6 +567,26 @@ def _broadcast_to(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), target)
 
 
+def _arg_max(c: _Checker, op: OperatorView):
+    """ARG_MAX / ARG_MIN: the axis (a 1-element constant) is dropped; the index type is the
+    options' ``output_type`` (INT32 or INT64), which the output tensor must have."""
+    x = c.dims(op.inputs[0])
+    axis = c.const_ints(op.inputs[1])
+    if axis is None:
+        raise _Skip()
+    if len(axis) != 1 or not -len(x) <= axis[0] < len(x):
+        return f"axis {axis} is not one axis of a rank-{len(x)} input"
+    a = axis[0] % len(x)
+    name = "ArgMaxOptions" if op.name == "ARG_MAX" else "ArgMinOptions"
+    out = c.cf.tensors[op.outputs[0]]
+    want_type = c.options(op, name).OutputType()
+    if want_type not in (TT.INT32, TT.INT64):
+        return f"output_type {want_type} is neither INT32 nor INT64"
+    if out.type != want_type:
+        return f"output tensor type {out.type_name} differs from the options' output_type"
+    return _expect(c.dims(op.outputs[0]), x[:a] + x[a + 1:])
+
+
 _ELEMENTWISE = ["ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
                 "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
                 "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD"]
@@ -579,4 +599,9 @@ _RULES.update({BO.RMS_NORM: _rms_norm, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
                BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile,
-               BO.BROADCAST_TO: _broadcast_to})
+               BO.BROADCAST_TO: _broadcast_to, BO.ARG_MAX: _arg_max, BO.ARG_MIN: _arg_max})
+
+
+def has_rule(code: int) -> bool:
+    """Whether :func:`verify` checks the shapes of operators with builtin ``code``."""
+    return code in _RULES
