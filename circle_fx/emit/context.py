@@ -1,4 +1,4 @@
-"""What a lowering function sees: the builder plus helpers to map FX values to tensors.
+"""What a lowering function sees: FX values mapped to Circle tensors, and tensor info.
 
 ``ctx.tensor(value)`` gives the Circle tensor for an FX node, a folded constant, or a
 Python scalar (materialised as a constant of the right dtype); ``ctx.output(node)``
@@ -15,11 +15,11 @@ import torch.fx as fx
 
 from ..circle.schema import QuantParams
 from ..errors import UnsupportedOpError
-from ..fx_utils import dtype_of, static_shape, val
+from ..fx_utils import dtype_of, val
 from ..program import Program, fetch_attr
 from ..source import op_name, source_line
 from .builder import ModelBuilder
-from .types import circle_type, numpy_dtype, to_numpy
+from .types import TORCH_TO_CIRCLE, circle_type, numpy_dtype, to_numpy
 
 #: ``node.meta`` key of a node's :class:`QuantParams` (set by quantization passes)
 QUANT_META = "circle_fx.quant"
@@ -31,6 +31,17 @@ def quantization_of(node) -> QuantParams | None:
 
 
 class LoweringContext:
+    """The one seam between a lowering and the rest of circle_fx.
+
+    Dims follow one convention everywhere: ``ctx.dims(v)`` is a ``list[int]`` with ``-1`` for
+    a dynamic dim (exactly Circle's ``shape_signature``); ``ctx.shape_hint(v)`` gives the
+    example sizes torch.export traced with, for the few places that need a number even for a
+    dynamic dim (the ``shape`` field of a tensor). Constants come from ``ctx.constant(node)``;
+    dtype, rank and quantization from ``ctx.dtype``, ``ctx.rank``, ``ctx.quantization``.
+    Lowerings use only these (``tests/test_lowering_seam.py`` checks): the program and the
+    builder stay private to the context, so their layout can change without touching lowerings.
+    """
+
     def __init__(self, program: Program, builder: ModelBuilder):
         self.program = program
         self.builder = builder
@@ -58,6 +69,12 @@ class LoweringContext:
             return self.const(np.array(value, dtype=numpy_dtype(dt)), "scalar")
         raise self.error(f"cannot use {type(value).__name__} {value!r} as a tensor")
 
+    def constant(self, value) -> torch.Tensor | None:
+        """The folded tensor behind a constant node (``get_attr``); None for anything else."""
+        if isinstance(value, fx.Node) and value.op == "get_attr":
+            return fetch_attr(self.program.gm, value.target)
+        return None
+
     def const_tensor(self, t: torch.Tensor, name: str, quantization: QuantParams | None = None) -> int:
         arr = to_numpy(t, f"constant {name}")
         key = None
@@ -72,36 +89,32 @@ class LoweringContext:
     def int_const(self, values, name: str = "shape") -> int:
         return self.const(np.asarray(values, dtype=np.int32), name)
 
-    def new_tensor(self, shape, dtype: torch.dtype, name: str = "t", signature=None) -> int:
-        """An intermediate tensor; ``signature`` (-1 for dynamic dims) when its shape varies."""
-        return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()), 0,
-                                       signature)
+    def new_tensor(self, dims, dtype: torch.dtype, name: str = "t", hint=None) -> int:
+        """An intermediate tensor of ``dims`` (-1 = dynamic). ``hint`` gives the example size
+        of each dynamic dim (default 1) for the Circle ``shape`` field."""
+        dims = [int(d) for d in dims]
+        if -1 not in dims:
+            shape, sig = dims, None
+        else:
+            hint = hint if hint is not None else [1] * len(dims)
+            shape, sig = [h if d == -1 else d for d, h in zip(dims, hint)], dims
+        return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()), 0, sig)
 
     def like(self, node, name: str = "t", dtype: torch.dtype | None = None) -> int:
         """An intermediate tensor shaped like ``node`` (dynamic dims included)."""
-        shape, sig = self.shape_of(node)
-        return self.new_tensor(shape, dtype or self.dtype(node), name, sig)
+        return self.new_tensor(self.dims(node), dtype or self.dtype(node), name, self.shape_hint(node))
 
-    def rank(self, value) -> int:
-        return len(val(value).shape)
-
-    def is_dynamic(self, value) -> bool:
-        return self.shape_of(value)[1] is not None
-
-    def shape_operand(self, node=None, shape=None, signature=None) -> int:
-        """int32 shape constant for RESHAPE to ``node``'s shape (or ``shape``/``signature``).
+    def shape_operand(self, target) -> int:
+        """int32 shape constant for RESHAPE to ``target``: a node (its dims) or a dims list.
 
         A dynamic dim becomes -1, which RESHAPE infers at run time; only one dim can be
         inferred, so a shape with two dynamic dims raises a clear error.
         """
-        if node is not None:
-            shape, signature = self.shape_of(node)
-        if signature is None:
-            return self.int_const(list(shape))
-        if sum(1 for d in signature if d == -1) > 1:
-            raise self.error(f"reshaping to {signature} needs more than one dynamic dim (-1) inferred at run "
+        dims = self.dims(target) if isinstance(target, fx.Node) else [int(d) for d in target]
+        if dims.count(-1) > 1:
+            raise self.error(f"reshaping to {dims} needs more than one dynamic dim (-1) inferred at run "
                              "time, which Circle's RESHAPE cannot do; mark at most one of these dims dynamic")
-        return self.int_const(list(signature))
+        return self.int_const(dims)
 
     def output(self, node: fx.Node | None = None) -> int:
         """The tensor that holds ``node``'s result (created on first use)."""
@@ -111,7 +124,7 @@ class LoweringContext:
         v = val(node)
         if not isinstance(v, torch.Tensor):
             raise self.error(f"%{node.name} does not produce a tensor")
-        shape, sig = self.shape_of(node)
+        shape, sig = _shape_and_signature(v)
         idx = self.builder.add_tensor(node.name, shape, circle_type(v.dtype, self.where(node)), 0, sig,
                                       quantization=quantization_of(node))
         self.values[node] = idx
@@ -125,7 +138,7 @@ class LoweringContext:
             if wanted is not None and i not in wanted:
                 outs.append(None)
                 continue
-            shape, sig = self.shape_of_value(v)
+            shape, sig = _shape_and_signature(v)
             outs.append(self.builder.add_tensor(f"{node.name}_{i}", shape, circle_type(v.dtype, self.where(node)),
                                                 0, sig))
         self.values[node] = outs
@@ -134,37 +147,50 @@ class LoweringContext:
     def bind(self, node: fx.Node, index: int) -> None:
         self.values[node] = index
 
-    def shape_of(self, node) -> tuple[list[int], list[int] | None]:
-        """``(shape, shape_signature)``: symbolic dims become their hint and -1 respectively."""
-        return self.shape_of_value(val(node))
+    def item(self, node: fx.Node, i: int) -> int:
+        """Tensor of element ``i`` of a tuple-valued node lowered with :meth:`outputs`."""
+        return self.values[node][i]
 
-    @staticmethod
-    def shape_of_value(v) -> tuple[list[int], list[int] | None]:
-        """:meth:`shape_of` for a (fake) tensor, e.g. one element of a tuple-valued node."""
-        shape, sig, dynamic = [], [], False
-        for d in v.shape:
-            if isinstance(d, int):
-                shape.append(d)
-                sig.append(d)
-            else:
-                try:
-                    hint = int(d.node.hint) if d.node.hint is not None else 1
-                except Exception:
-                    hint = 1
-                shape.append(hint)
-                sig.append(-1)
-                dynamic = True
-        return shape, (sig if dynamic else None)
+    # ----------------------------------------------------------- tensor info
+    def dims(self, value, item: int | None = None, static: bool = False) -> list[int]:
+        """``value``'s dims, -1 for each dynamic one (``item``: element of a tuple-valued node).
 
-    def static_shape(self, node) -> list[int]:
-        s = static_shape(node)
-        if s is None:
-            raise self.error(f"%{node.name} has a dynamic shape {list(val(node).shape)}, "
+        ``static=True`` raises a clear error instead when a dim is dynamic, for lowerings that
+        need every size at compile time."""
+        v = _fake(value, item)
+        dims = [d if isinstance(d, int) else -1 for d in v.shape]
+        if static and -1 in dims:
+            name = value.name if isinstance(value, fx.Node) else "value"
+            raise self.error(f"%{name} has a dynamic shape {list(v.shape)}, "
                              f"which {op_name(self.node.target)} cannot lower yet")
-        return list(s)
+        return dims
 
-    def dtype(self, value) -> torch.dtype:
-        return dtype_of(value)
+    def shape_hint(self, value, item: int | None = None) -> list[int]:
+        """``value``'s traced example sizes (a dynamic dim's hint; static dims as they are)."""
+        return _shape_and_signature(_fake(value, item))[0]
+
+    def rank(self, value) -> int:
+        return len(_fake(value, None).shape)
+
+    def is_dynamic(self, value) -> bool:
+        return -1 in self.dims(value)
+
+    def dtype(self, value, item: int | None = None) -> torch.dtype:
+        return dtype_of(value) if item is None else _fake(value, item).dtype
+
+    def quantization(self, value) -> QuantParams | None:
+        return quantization_of(value)
+
+    def tensor_dims(self, index: int) -> list[int]:
+        """Dims (-1 dynamic) of a Circle tensor made earlier (e.g. by :meth:`outputs`)."""
+        t = self.builder.tensors[index]
+        return list(t.shape_signature) if t.shape_signature is not None else list(t.shape)
+
+    def tensor_hint(self, index: int) -> list[int]:
+        return list(self.builder.tensors[index].shape)
+
+    def tensor_dtype(self, index: int) -> torch.dtype:
+        return CIRCLE_TO_TORCH[self.builder.tensors[index].type]
 
     # ------------------------------------------------------------- operators
     def op(self, code: int, inputs, outputs, options=None) -> None:
@@ -185,3 +211,30 @@ class LoweringContext:
 
     def _prefix(self) -> str:
         return f"{self.node.name}/" if self.node is not None else ""
+
+
+CIRCLE_TO_TORCH = {v: k for k, v in TORCH_TO_CIRCLE.items()}
+
+
+def _fake(value, item):
+    v = val(value) if isinstance(value, fx.Node) else value
+    return v[item] if item is not None else v
+
+
+def _shape_and_signature(v) -> tuple[list[int], list[int] | None]:
+    """Circle's ``(shape, shape_signature)`` of a (fake) tensor: a symbolic dim becomes its
+    hint and -1 respectively; the signature is None when every dim is static."""
+    shape, sig, dynamic = [], [], False
+    for d in v.shape:
+        if isinstance(d, int):
+            shape.append(d)
+            sig.append(d)
+        else:
+            try:
+                hint = int(d.node.hint) if d.node.hint is not None else 1
+            except Exception:
+                hint = 1
+            shape.append(hint)
+            sig.append(-1)
+            dynamic = True
+    return shape, (sig if dynamic else None)

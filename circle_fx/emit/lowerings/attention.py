@@ -1,10 +1,18 @@
 """``scaled_dot_product_attention`` as BATCH_MATMUL / MUL / mask / SOFTMAX / BATCH_MATMUL.
 
-Masks: a constant boolean mask (the folded causal mask of ``transformers`` models) is
-turned into an additive float constant at compile time; a runtime boolean mask uses
-SELECT_V2; a float mask is added. Grouped-query attention repeats K/V heads with
-RESHAPE + BROADCAST_TO. onert ignores BATCH_MATMUL's adjoint flags, so K is transposed
-explicitly.
+One lowering for static and dynamic (sequence or batch) lengths: every intermediate is
+made from ``ctx.dims`` (-1 for a dynamic dim), so a dynamic length simply carries -1
+through.
+
+- Grouped-query attention repeats key/value head ``h // group`` for query head ``h`` with
+  one GATHER on the head axis (indices are known at compile time; no shape operand, so it
+  works for dynamic lengths too).
+- onert ignores BATCH_MATMUL's adjoint flags, so K is transposed explicitly.
+- Masks: ``is_causal=True`` adds a constant ``-inf`` upper triangle (static lengths only:
+  with a dynamic length the mask depends on the run-time size, and building it on device
+  needs RANGE/CUMSUM-like ops onert 0.1.0 lacks). A constant boolean mask (the folded
+  causal mask of ``transformers`` models) becomes an additive float constant; a run-time
+  boolean mask uses SELECT_V2; a float mask is added.
 """
 from __future__ import annotations
 
@@ -14,7 +22,6 @@ import numpy as np
 import torch
 
 from ...fx_utils import arguments
-from ...program import fetch_attr
 from ..registry import lowering
 from ..types import numpy_dtype
 from ._common import BO, operand, options
@@ -22,72 +29,87 @@ from ._common import BO, operand, options
 aten = torch.ops.aten
 
 
+def _broadcast_dims(a, b):
+    """Broadcast two dims lists (-1 = dynamic)."""
+    out = []
+    for x, y in zip([1] * (len(b) - len(a)) + list(a), [1] * (len(a) - len(b)) + list(b)):
+        out.append(y if x == 1 else x if y == 1 else -1 if -1 in (x, y) else x)
+    return out
+
+
+def _broadcast_hint(a, b):
+    return list(np.broadcast_shapes(tuple(a), tuple(b)))
+
+
 @lowering(aten.scaled_dot_product_attention.default)
 def sdpa(ctx, node):
     q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = arguments(node)
     if dropout_p:
         raise ctx.error("attention dropout is not supported (export the model in eval mode)")
-    if any(ctx.is_dynamic(t) for t in (q, k, v)):
-        from .attention_dynamic import sdpa_dynamic
-
-        return sdpa_dynamic(ctx, node)
+    dynamic = any(ctx.is_dynamic(t) for t in (q, k, v))
+    if is_causal and dynamic:
+        raise ctx.error("is_causal=True with a dynamic sequence length is not supported: the mask depends "
+                        "on the length at run time (onert has no RANGE/CUMSUM to build it); pass an explicit "
+                        "attention mask as a model input, or export with static shapes")
     dt = ctx.dtype(node)
-    qs, ks, vs = ctx.static_shape(q), ctx.static_shape(k), ctx.static_shape(v)
-    rank = len(qs)
-    L, S, E = qs[-2], ks[-2], qs[-1]
+    qd, kd, vd = ctx.dims(q), ctx.dims(k), ctx.dims(v)
+    qh, kh, vh = ctx.shape_hint(q), ctx.shape_hint(k), ctx.shape_hint(v)
+    rank = len(qd)
     kt, vt = ctx.tensor(k), ctx.tensor(v)
-    if rank == 4 and ks[1] != qs[1]:
-        if qs[1] % ks[1]:
-            raise ctx.error(f"query heads {qs[1]} are not a multiple of key/value heads {ks[1]}")
-        kt, ks = _repeat_heads(ctx, kt, ks, qs[1], dt, "k")
-        vt, vs = _repeat_heads(ctx, vt, vs, qs[1], dt, "v")
+    if rank == 4 and kh[1] != qh[1]:
+        if qh[1] % kh[1]:
+            raise ctx.error(f"query heads {qh[1]} are not a multiple of key/value heads {kh[1]}")
+        kt, kd, kh = _repeat_heads(ctx, kt, kd, kh, qh[1], dt, "k")
+        vt, vd, vh = _repeat_heads(ctx, vt, vd, vh, qh[1], dt, "v")
     perm = list(range(rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
-    k_t = ctx.new_tensor(ks[:-2] + [ks[-1], ks[-2]], dt, "kT")
+    k_t = ctx.new_tensor([kd[p] for p in perm], dt, "kT", [kh[p] for p in perm])
     ctx.op(BO.TRANSPOSE, [kt, ctx.int_const(perm, "perm")], [k_t])
-    score_shape = list(np.broadcast_shapes(tuple(qs[:-2]), tuple(ks[:-2]))) + [L, S]
-    scores = ctx.new_tensor(score_shape, dt, "scores")
+    dims = _broadcast_dims(qd[:-2], kd[:-2]) + [qd[-2], kd[-2]]
+    hint = _broadcast_hint(qh[:-2], kh[:-2]) + [qh[-2], kh[-2]]
+    scores = ctx.new_tensor(dims, dt, "scores", hint)
     ctx.op(BO.BATCH_MATMUL, [ctx.tensor(q), k_t], [scores], options("BatchMatMulOptions"))
-    scale = 1.0 / math.sqrt(E) if scale is None else scale
-    scaled = ctx.new_tensor(score_shape, dt, "scaled")
-    ctx.op(BO.MUL, [scores, ctx.tensor(float(scale), dt)], [scaled], options("MulOptions"))
-    logits = _apply_mask(ctx, scaled, score_shape, mask, is_causal, L, S, dt)
-    probs = ctx.new_tensor(score_shape, dt, "probs")
+    scale = 1.0 / math.sqrt(qh[-1]) if scale is None else scale
+    logits = ctx.new_tensor(dims, dt, "scaled", hint)
+    ctx.op(BO.MUL, [scores, ctx.tensor(float(scale), dt)], [logits], options("MulOptions"))
+    if is_causal:
+        L, S = hint[-2], hint[-1]
+        causal = np.where(np.tril(np.ones((L, S), dtype=bool)), 0, -np.inf).astype(numpy_dtype(dt))
+        out = ctx.new_tensor(dims, dt, "causal", hint)
+        ctx.op(BO.ADD, [logits, ctx.const(causal, "causal_mask")], [out], options("AddOptions"))
+        logits = out
+    if mask is not None:
+        logits, dims, hint = _apply_mask(ctx, logits, dims, hint, mask, dt, dynamic)
+    probs = ctx.new_tensor(dims, dt, "probs", hint)
     ctx.op(BO.SOFTMAX, [logits], [probs], options("SoftmaxOptions", beta=1.0))
     ctx.op(BO.BATCH_MATMUL, [probs, vt], [ctx.output(node)], options("BatchMatMulOptions"))
 
 
-def _repeat_heads(ctx, t, shape, heads, dt, name):
-    b, hk, s, e = shape
-    rep = heads // hk
-    r5 = ctx.new_tensor([b, hk, 1, s, e], dt, f"{name}5")
-    ctx.op(BO.RESHAPE, [t, ctx.int_const([b, hk, 1, s, e])], [r5])
-    bc = ctx.new_tensor([b, hk, rep, s, e], dt, f"{name}_rep")
-    ctx.op(BO.BROADCAST_TO, [r5, ctx.int_const([b, hk, rep, s, e])], [bc])
-    out = ctx.new_tensor([b, heads, s, e], dt, f"{name}_heads")
-    ctx.op(BO.RESHAPE, [bc, ctx.int_const([b, heads, s, e])], [out])
-    return out, [b, heads, s, e]
+def _repeat_heads(ctx, t, dims, hint, heads, dt, name):
+    """GQA: kv head ``h // group`` for query head ``h``, as one GATHER on axis 1."""
+    group = heads // hint[1]
+    index = ctx.int_const([h // group for h in range(heads)], f"{name}_heads")
+    dims, hint = list(dims), list(hint)
+    dims[1] = hint[1] = heads
+    out = ctx.new_tensor(dims, dt, f"{name}_rep", hint)
+    ctx.op(BO.GATHER, [t, index], [out], options("GatherOptions", axis=1, batchDims=0))
+    return out, dims, hint
 
 
-def _apply_mask(ctx, scores, shape, mask, is_causal, L, S, dt):
+def _apply_mask(ctx, scores, dims, hint, mask, dt, dynamic):
+    const = ctx.constant(mask)
+    if const is not None and dynamic:
+        raise ctx.error("a constant attention mask cannot follow a dynamic sequence length")
+    dims = _broadcast_dims(dims, ctx.dims(mask))
+    hint = _broadcast_hint(hint, ctx.shape_hint(mask))
+    out = ctx.new_tensor(dims, dt, "masked", hint)
     npdt = numpy_dtype(dt)
-    if is_causal:
-        causal = np.where(np.tril(np.ones((L, S), dtype=bool)), 0, -np.inf).astype(npdt)
-        out = ctx.new_tensor(shape, dt, "causal")
-        ctx.op(BO.ADD, [scores, ctx.const(causal, "causal_mask")], [out], options("AddOptions"))
-        scores = out
-    if mask is None:
-        return scores
-    out_shape = list(np.broadcast_shapes(tuple(shape), tuple(ctx.static_shape(mask))))
-    out = ctx.new_tensor(out_shape, dt, "masked")
-    if ctx.dtype(mask) == torch.bool:
-        if mask.op == "get_attr":
-            m = fetch_attr(ctx.program.gm, mask.target).numpy()
-            additive = np.where(m, 0, -np.inf).astype(npdt)
-            ctx.op(BO.ADD, [scores, ctx.const(additive, "mask")], [out], options("AddOptions"))
-        else:
-            ninf = ctx.const(np.array(-np.inf, dtype=npdt), "ninf")
-            ctx.op(BO.SELECT_V2, [ctx.tensor(mask), scores, ninf], [out])
-    else:
+    if ctx.dtype(mask) != torch.bool:
         ctx.op(BO.ADD, [scores, operand(ctx, mask, dt)], [out], options("AddOptions"))
-    return out
+    elif const is not None:
+        additive = np.where(const.numpy(), 0, -np.inf).astype(npdt)
+        ctx.op(BO.ADD, [scores, ctx.const(additive, "mask")], [out], options("AddOptions"))
+    else:
+        ninf = ctx.const(np.array(-np.inf, dtype=npdt), "ninf")
+        ctx.op(BO.SELECT_V2, [ctx.tensor(mask), scores, ninf], [out])
+    return out, dims, hint

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ...fx_utils import arguments
+from ...fx_utils import arguments, val
 from ..registry import lowering
 from ._common import BO, operand, options
 
@@ -20,7 +20,7 @@ def compute_dtype(node, *values) -> torch.dtype:
     """torch's result type for ``values`` (what an arithmetic op computes in)."""
     import torch._prims_common as pc
 
-    vals = [v.meta["val"] if isinstance(v, fx.Node) else v for v in values]
+    vals = [val(v) for v in values]  # fake tensors for nodes, literals as they are
     return pc.elementwise_dtypes(*vals, type_promotion_kind=pc.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
 
 

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from ...fx_utils import look_through
-from ...program import fetch_attr
 from ..registry import lowering
 from ..types import to_numpy
 from ._common import BO, options
@@ -65,11 +64,10 @@ def _never_negative(idx) -> bool:
 
 def _index(ctx, x, axis, idx):
     """The index tensor with negative entries wrapped (see the module docstring)."""
-    _, sig = ctx.shape_of(x)
-    size = ctx.shape_of(x)[0][axis]
-    dynamic = sig is not None and sig[axis] == -1
-    if idx.op == "get_attr":
-        t = fetch_attr(ctx.program.gm, idx.target)
+    size = ctx.shape_hint(x)[axis]
+    dynamic = ctx.dims(x)[axis] == -1
+    t = ctx.constant(idx)
+    if t is not None:
         if not bool((t < 0).any()):
             return ctx.tensor(idx)
         if dynamic:

@@ -13,7 +13,6 @@ import math
 import torch
 
 from ...fx_utils import arguments
-from ...program import fetch_attr
 from ..registry import lowering
 from ._common import BO, options
 
@@ -26,29 +25,27 @@ def linear(ctx, node):
     if w.op != "get_attr":
         _linear_runtime_weight(ctx, node, x, w, b)
         return
-    out_shape, out_sig = ctx.shape_of(node)
-    if out_sig is not None and out_sig[:-1].count(-1) > 1:
+    out_dims, out_hint = ctx.dims(node), ctx.shape_hint(node)
+    if out_dims[:-1].count(-1) > 1:
         _linear_batch_matmul(ctx, node, x, w, b)
         return
-    rows = math.prod(out_shape[:-1])
+    rows = math.prod(out_hint[:-1])
     # a dynamic dim anywhere before the last makes the row count dynamic
-    rows_sig = -1 if out_sig is not None and -1 in out_sig[:-1] else rows
+    rows_dim = -1 if -1 in out_dims[:-1] else rows
     bias = ctx.tensor(b) if b is not None else -1
-    if len(out_shape) == 2:
+    if len(out_dims) == 2:
         fc_out = ctx.output(node)
     else:
-        fc_out = ctx.new_tensor([rows, out_shape[-1]], ctx.dtype(node), "fc",
-                                [rows_sig, out_shape[-1]] if out_sig is not None else None)
+        fc_out = ctx.new_tensor([rows_dim, out_dims[-1]], ctx.dtype(node), "fc", [rows, out_hint[-1]])
     xt = ctx.tensor(x)
     if ctx.rank(x) == 1:  # onert's FULLY_CONNECTED needs a 2-D (or more) input
-        xs, xsig = ctx.shape_of(x)
-        sig2 = [1] + xsig if xsig is not None else None
-        x2 = ctx.new_tensor([1] + xs, ctx.dtype(x), "in2d", sig2)
-        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand(shape=[1] + xs, signature=sig2)], [x2])
+        dims2 = [1] + ctx.dims(x)
+        x2 = ctx.new_tensor(dims2, ctx.dtype(x), "in2d", [1] + ctx.shape_hint(x))
+        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand(dims2)], [x2])
         xt = x2
     ctx.op(BO.FULLY_CONNECTED, [xt, ctx.tensor(w), bias], [fc_out],
            options("FullyConnectedOptions", keepNumDims=False))
-    if len(out_shape) != 2:
+    if len(out_dims) != 2:
         # FULLY_CONNECTED flattens leading dims; restore them (one dynamic dim becomes -1)
         ctx.op(BO.RESHAPE, [fc_out, ctx.shape_operand(node)], [ctx.output(node)])
 
@@ -57,12 +54,12 @@ def _linear_batch_matmul(ctx, node, x, w, b):
     """Several dynamic leading dims: FULLY_CONNECTED would flatten them and the RESHAPE back
     could infer only one, so multiply by the transposed weight with BATCH_MATMUL instead
     (rank-broadcast ``[..., in] x [in, out]``) and add the bias."""
-    weight = fetch_attr(ctx.program.gm, w.target).detach()
+    weight = ctx.constant(w).detach()
     _matmul_plus_bias(ctx, node, x, ctx.const(weight.t().contiguous().numpy(), "weight_T"), b)
 
 
 def _linear_runtime_weight(ctx, node, x, w, b):
-    wshape = ctx.static_shape(w)
+    wshape = ctx.dims(w, static=True)
     wt = ctx.new_tensor([wshape[1], wshape[0]], ctx.dtype(w), "wT")
     ctx.op(BO.TRANSPOSE, [ctx.tensor(w), ctx.int_const([1, 0], "perm")], [wt])
     _matmul_plus_bias(ctx, node, x, wt, b)

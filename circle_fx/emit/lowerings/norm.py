@@ -18,14 +18,14 @@ from ._common import BO, operand, options
 def lower_rms_norm(ctx, node):
     x, weight, eps = node.args
     if weight is None:
-        d = ctx.shape_of(x)[0][-1]
+        d = ctx.shape_hint(x)[-1]
         gamma = ctx.const(np.ones([d], dtype=numpy_dtype(ctx.dtype(x))), "ones")
     else:
         gamma = operand(ctx, weight, ctx.dtype(x))  # CAST when the weight's dtype differs
     if ctx.is_dynamic(x):
         _decomposed(ctx, node, x, gamma, eps)
         return
-    shape = ctx.static_shape(x)
+    shape = ctx.dims(x, static=True)
     opts = options("RmsNormOptions", epsilon=float(eps))
     if len(shape) in (3, 4):
         ctx.op(BO.RMS_NORM, [ctx.tensor(x), gamma], [ctx.output(node)], opts)
@@ -47,16 +47,16 @@ def _decomposed(ctx, node, x, gamma, eps):
     use the decomposed form, which onert resizes correctly.
     """
     dt = ctx.dtype(x)
-    shape, sig = ctx.shape_of(x)
+    dims, hint = ctx.dims(x), ctx.shape_hint(x)
     xt = ctx.tensor(x)
     sq = ctx.like(x, "square")
     ctx.op(BO.MUL, [xt, xt], [sq], options("MulOptions"))
-    col, col_sig = shape[:-1] + [1], (sig[:-1] + [1] if sig is not None else None)  # one value per row
-    ms = ctx.new_tensor(col, dt, "mean_square", col_sig)
-    ctx.op(BO.MEAN, [sq, ctx.int_const([len(shape) - 1], "axes")], [ms], options("ReducerOptions", keepDims=True))
-    var = ctx.new_tensor(col, dt, "plus_eps", col_sig)
+    col, col_hint = dims[:-1] + [1], hint[:-1] + [1]  # one value per row
+    ms = ctx.new_tensor(col, dt, "mean_square", col_hint)
+    ctx.op(BO.MEAN, [sq, ctx.int_const([len(dims) - 1], "axes")], [ms], options("ReducerOptions", keepDims=True))
+    var = ctx.new_tensor(col, dt, "plus_eps", col_hint)
     ctx.op(BO.ADD, [ms, ctx.const(np.array(eps, dtype=numpy_dtype(dt)), "eps")], [var], options("AddOptions"))
-    inv = ctx.new_tensor(col, dt, "rsqrt", col_sig)
+    inv = ctx.new_tensor(col, dt, "rsqrt", col_hint)
     ctx.op(BO.RSQRT, [var], [inv])
     normed = ctx.like(x, "normed")
     ctx.op(BO.MUL, [xt, inv], [normed], options("MulOptions"))

@@ -40,13 +40,11 @@ def reduce_into(ctx, code, src, x, axes, keepdim, out):
     if keepdim or ctx.rank(x) != 4 or len(axes) == 4:
         ctx.op(code, [src, ctx.int_const(axes, "axes")], [out], options("ReducerOptions", keepDims=keepdim))
         return
-    shape, sig = ctx.shape_of(x)
-    kept = [1 if d in axes else s for d, s in enumerate(shape)]
-    kept_sig = [1 if d in axes else s for d, s in enumerate(sig)] if sig is not None else None
-    o = ctx.builder.tensors[out]
-    tmp = ctx.builder.add_tensor(f"{ctx.node.name}/keepdims", kept, o.type, 0, kept_sig)
+    kept = [1 if d in axes else s for d, s in enumerate(ctx.dims(x))]
+    kept_hint = [1 if d in axes else s for d, s in enumerate(ctx.shape_hint(x))]
+    tmp = ctx.new_tensor(kept, ctx.tensor_dtype(out), "keepdims", kept_hint)
     ctx.op(code, [src, ctx.int_const(axes, "axes")], [tmp], options("ReducerOptions", keepDims=True))
-    ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(shape=o.shape, signature=o.shape_signature)], [out])
+    ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
 
 
 @lowering(aten.mean.default, aten.sum.default)

@@ -17,7 +17,7 @@ aten = torch.ops.aten
 @lowering(aten.repeat_interleave.self_int)
 def repeat_interleave(ctx, node):
     x, repeats, dim = arguments(node)[:3]
-    shape = ctx.static_shape(x)
+    shape = ctx.dims(x, static=True)
     if dim is None:  # repeat_interleave without dim works on the flattened tensor
         shape, dim = [int(torch.Size(shape).numel())], 0
     dim %= len(shape)
@@ -28,4 +28,4 @@ def repeat_interleave(ctx, node):
     ctx.op(BO.RESHAPE, [ctx.tensor(x), ctx.int_const(inserted)], [r])
     b = ctx.new_tensor(wide, dt, "repeated")
     ctx.op(BO.BROADCAST_TO, [r, ctx.int_const(wide)], [b])
-    ctx.op(BO.RESHAPE, [b, ctx.int_const(ctx.static_shape(node))], [ctx.output(node)])
+    ctx.op(BO.RESHAPE, [b, ctx.int_const(ctx.dims(node, static=True))], [ctx.output(node)])

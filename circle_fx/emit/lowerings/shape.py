@@ -54,7 +54,7 @@ def expand(ctx, node):
     if ctx.is_dynamic(node.args[0]) or ctx.is_dynamic(node):
         _expand_dynamic(ctx, node)
         return
-    src, out = ctx.static_shape(node.args[0]), ctx.static_shape(node)
+    src, out = ctx.dims(node.args[0], static=True), ctx.dims(node, static=True)
     x = ctx.tensor(node.args[0])
     if src == out:
         ctx.op(BO.RESHAPE, [x, ctx.int_const(out)], [ctx.output(node)])
@@ -72,16 +72,13 @@ def _expand_dynamic(ctx, node):
     constant, TILE only per-dim multiples, and a dynamic dim that is not expanded has
     multiple 1 (e.g. ``repeat_kv``'s ``[b, kv, 1, seq, d] -> [b, kv, n, seq, d]``)."""
     x = node.args[0]
-    src_shape, src_sig = ctx.shape_of(x)
-    out_shape, out_sig = ctx.shape_of(node)
-    src_sig = src_sig if src_sig is not None else list(src_shape)
-    out_sig = out_sig if out_sig is not None else list(out_shape)
+    src_sig, out_sig = ctx.dims(x), ctx.dims(node)
     t = ctx.tensor(x)
     if len(src_sig) < len(out_sig):  # leading new dims: make ranks equal first
         pad = len(out_sig) - len(src_sig)
-        shape, sig = [1] * pad + list(src_shape), [1] * pad + list(src_sig)
-        r = ctx.new_tensor(shape, ctx.dtype(node), "rank", sig)
-        ctx.op(BO.RESHAPE, [t, ctx.shape_operand(shape=shape, signature=sig)], [r])
+        sig = [1] * pad + src_sig
+        r = ctx.new_tensor(sig, ctx.dtype(node), "rank", [1] * pad + ctx.shape_hint(x))
+        ctx.op(BO.RESHAPE, [t, ctx.shape_operand(sig)], [r])
         t, src_sig = r, sig
     multiples = []
     for d, (a, b) in enumerate(zip(src_sig, out_sig)):
@@ -101,7 +98,7 @@ def slice_(ctx, node):
     if ctx.is_dynamic(x):
         _slice_dynamic(ctx, node, x, dim, start, end, step)
         return
-    shape = ctx.static_shape(x)
+    shape = ctx.dims(x, static=True)
     rank = len(shape)
     dim %= rank
     size = shape[dim]
@@ -122,7 +119,7 @@ def _slice_dynamic(ctx, node, x, dim, start, end, step):
     """STRIDED_SLICE on a tensor with dynamic dims: untouched axes use the end mask (their
     size is unknown here); the sliced axis keeps torch's indices, negative ones included,
     which STRIDED_SLICE resolves against the run-time size."""
-    _, sig = ctx.shape_of(x)
+    sig = ctx.dims(x)
     rank = len(sig)
     dim %= rank
     for v in (start, end, step):
@@ -145,7 +142,7 @@ def _slice_dynamic(ctx, node, x, dim, start, end, step):
 @lowering(aten.select.int)
 def select(ctx, node):
     x, dim, index = node.args
-    shape = ctx.static_shape(x)
+    shape = ctx.dims(x, static=True)
     rank = len(shape)
     dim %= rank
     index = index + shape[dim] if index < 0 else index
@@ -158,7 +155,7 @@ def select(ctx, node):
 
 @lowering(aten.cat.default, aten.concat.default)
 def cat(ctx, node):
-    tensors = [t for t in node.args[0] if ctx.shape_of(t)[0] and 0 not in ctx.shape_of(t)[0]]
+    tensors = [t for t in node.args[0] if ctx.dims(t) and 0 not in ctx.dims(t)]
     dim = arguments(node)[1]
     rank = ctx.rank(node)
     ctx.op(BO.CONCATENATION, [ctx.tensor(t) for t in tensors], [ctx.output(node)],
@@ -168,7 +165,7 @@ def cat(ctx, node):
 @lowering(operator.getitem)
 def getitem(ctx, node):
     src, i = node.args
-    ctx.bind(node, ctx.values[src][i])
+    ctx.bind(node, ctx.item(src, i))
 
 
 @lowering(aten.split_with_sizes.default, aten.split.Tensor, aten.chunk.default)
@@ -178,14 +175,13 @@ def split(ctx, node):
     SLICE size -1 (to the end)."""
     x, _, dim = arguments(node)[:3]
     dim %= ctx.rank(x)
-    shape, sig = ctx.shape_of(x)
-    if sig is not None and sig[dim] == -1:
-        raise ctx.error(f"splitting along dynamic dim {dim} of %{x.name} {sig} is not supported")
-    shape = sig if sig is not None else shape
+    shape = ctx.dims(x)
+    if shape[dim] == -1:
+        raise ctx.error(f"splitting along dynamic dim {dim} of %{x.name} {shape} is not supported")
     src = ctx.tensor(x)
     start = 0
-    for out, v in zip(ctx.outputs(node), node.meta["val"]):
-        size = int(v.shape[dim])
+    for k, out in enumerate(ctx.outputs(node)):
+        size = ctx.dims(node, item=k)[dim]
         begin, extent = [0] * len(shape), list(shape)
         begin[dim], extent[dim] = start, size
         ctx.op(BO.SLICE, [src, ctx.int_const(begin, "begin"), ctx.int_const(extent, "size")], [out],

@@ -16,7 +16,7 @@ import torch
 
 from ...fx_utils import arguments
 from ..registry import lowering
-from ..types import numpy_dtype
+from ..types import circle_type, numpy_dtype
 from ._common import BO, options
 from .reduce import reduce_into
 
@@ -28,7 +28,7 @@ def _read_outputs(node) -> set[int]:
 
 
 def _last_axis(ctx, x, dim) -> tuple[list[int], int]:
-    shape = ctx.static_shape(x)
+    shape = ctx.dims(x, static=True)
     return shape, dim % len(shape)
 
 
@@ -43,7 +43,7 @@ def _argmax(ctx, src, shape, axis, out, keepdim):
     reduced = shape[:axis] + shape[axis + 1:]
     target = out if not keepdim else ctx.new_tensor(reduced, torch.int64, "argmax")
     ctx.op(BO.ARG_MAX, [src, ctx.int_const([axis], "axis")], [target],
-           options("ArgMaxOptions", outputType=ctx.builder.tensors[out].type))
+           options("ArgMaxOptions", outputType=circle_type(ctx.tensor_dtype(out))))
     if keepdim:
         ctx.op(BO.RESHAPE, [target, ctx.int_const(shape[:axis] + [1] + shape[axis + 1:])], [out])
 
@@ -56,7 +56,7 @@ def max_dim(ctx, node):
     values, indices = ctx.outputs(node, _read_outputs(node))
     src = ctx.tensor(x) if node.target is aten.max.dim else _negated(ctx, x, shape, dt)
     if values is not None:
-        red = values if node.target is aten.max.dim else ctx.new_tensor(ctx.builder.tensors[values].shape, dt, "negmax")
+        red = values if node.target is aten.max.dim else ctx.new_tensor(ctx.tensor_dims(values), dt, "negmax")
         reduce_into(ctx, BO.REDUCE_MAX, src, x, [axis], bool(keepdim), red)
         if red != values:
             ctx.op(BO.NEG, [red], [values])
@@ -95,7 +95,7 @@ def topk(ctx, node):
         ctx.op(BO.SELECT_V2, [hit, ninf, cur], [masked])
         cur = masked
     if values is not None:
-        out = values if largest else ctx.new_tensor(list(node.meta["val"][0].shape), dt, "negtop")
+        out = values if largest else ctx.new_tensor(ctx.dims(node, item=0), dt, "negtop")
         _concat(ctx, vals, out, axis)
         if out != values:
             ctx.op(BO.NEG, [out], [values])
@@ -105,6 +105,6 @@ def topk(ctx, node):
 
 def _concat(ctx, parts, out, axis):
     if len(parts) == 1:
-        ctx.op(BO.RESHAPE, [parts[0], ctx.int_const(ctx.builder.tensors[out].shape)], [out])
+        ctx.op(BO.RESHAPE, [parts[0], ctx.int_const(ctx.tensor_dims(out))], [out])
     else:
         ctx.op(BO.CONCATENATION, parts, [out], options("ConcatenationOptions", axis=axis))
