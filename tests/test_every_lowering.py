@@ -244,7 +244,7 @@ def test_identity_lowering_runs_in_onert(target):
     program.gm.recompile()
     with recording() as called:
         builder = emit(program)
-    cm = CircleModel(builder, serialize(builder), ExportReport(), program)
+    cm = CircleModel(builder, serialize(builder), ExportReport())
     outs = cm.run(*inputs)
     assert target in called
     np.testing.assert_allclose(outs[0], reference(*inputs).numpy(), rtol=1e-6, atol=1e-6)
