@@ -13,7 +13,6 @@ import warnings
 import pytest
 import torch
 
-import circle_fx
 from circle_fx.emit import registry
 from circle_fx.emit.registry import LOWERINGS, builtin_targets, lowering, lowering_for
 
@@ -53,7 +52,7 @@ USER_ERF = textwrap.dedent("""
     cm = circle_fx.export(M(), (x, y))
     out = cm.run(x, y)[0]
     np.testing.assert_allclose(out, (torch.erf(x) + y * 2).numpy(), atol=1e-3)
-    print("OK", cm.summary().count("\\n") >= 0)
+    print("OK")
 """)
 
 
@@ -111,4 +110,3 @@ def test_lookup_does_not_import():
     src = inspect.getsource(registry.lowering_for)
     assert "import" not in src
     assert lowering_for(aten.add.Tensor) is not None
-    assert circle_fx.emit.registry is registry
