@@ -1,8 +1,8 @@
 """Turning an FX node into a human pointer: ``file.py:12 (forward): code``.
 
 ``torch.export`` records the Python stack of every op in ``node.meta["stack_trace"]``;
-the innermost frame is the line of user (or ``transformers``) code that produced it,
-which is what an error message or a fusion report should show.
+the innermost frame outside torch itself is the line of user (or ``transformers``) code
+that produced it, which is what an error message or a fusion report should show.
 """
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ def source_line(node: fx.Node) -> str:
     frames = _FRAME.findall(trace)
     if not frames:
         return trace.strip().splitlines()[-1]
-    path, line, fn, code = frames[-1]
+    # torch's own frames (nn.RMSNorm's F.rms_norm call) say nothing about the model: show the
+    # innermost frame outside torch, i.e. the user's `self.norm(x)` line
+    outside = [f for f in frames if not _shorten(f[0]).startswith("torch/")]
+    path, line, fn, code = (outside or frames)[-1]
     path = _shorten(path)
     return f"{path}:{line} ({fn})" + (f": {code.strip()}" if code.strip() else "")
 
