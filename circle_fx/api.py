@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable
 
-from .capture import export_program, normalize_inputs, program_from_export
+from .capture import capture_program, normalize_inputs
 from .emit.emitter import emit
 from .emit.writer import serialize
 from .model import CircleModel, ExportReport
@@ -13,16 +13,20 @@ from .program import Program
 from .progress import NullProgress, print_timings, progress_for
 
 
-def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None) -> Program:
-    """``torch.export`` the model and lift it into a :class:`Program` (no passes run)."""
+def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
+            switch_implementations: bool = True) -> Program:
+    """``torch.export`` the model and lift it into a :class:`Program` (no passes run).
+
+    ``switch_implementations``: a ``transformers`` model runs with export-friendly experts
+    (MoE) and attention implementations while it is captured, then is restored exactly
+    (see :mod:`circle_fx.transformers_compat`)."""
     args, kwargs = normalize_inputs(model, example_inputs, example_kwargs)
-    ep = export_program(model, args, kwargs, dynamic_shapes)
-    return program_from_export(ep)
+    return capture_program(model, args, kwargs, dynamic_shapes, switch_implementations)
 
 
 def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes: Any = None,
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
-           verbose: bool | None = None) -> CircleModel:
+           verbose: bool | None = None, switch_implementations: bool = True) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -37,7 +41,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)
         t0 = time.perf_counter()
-        program = capture(model, example_inputs, example_kwargs, dynamic_shapes)
+        program = capture(model, example_inputs, example_kwargs, dynamic_shapes, switch_implementations)
         t1 = time.perf_counter()
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
@@ -60,6 +64,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
         run_passes(program, [p], report.pass_timings)
         progress.update()
     report.fusions = program.fusions()
+    report.notes = list(program.notes.get("implementations", []))
     t2 = time.perf_counter()
     builder = emit(program, progress=progress)
     serialized = serialize(builder, external=external_weights)

@@ -16,6 +16,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from .errors import CaptureError, InputError
 from .program import Program, add_constant
 from .source import source_line
+from .transformers_compat import export_friendly
 
 try:  # generates the module's Python code only when it is called (passes recompile often, emit never runs it)
     from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModule
@@ -157,6 +158,17 @@ def _has_inplace_ops(ep: ExportedProgram) -> bool:
         if schema is not None and schema.is_mutable:
             return True
     return False
+
+
+def capture_program(model, args, kwargs, dynamic_shapes=None, switch_implementations: bool = True) -> Program:
+    """``torch.export`` under export-friendly ``transformers`` implementations (see
+    :mod:`circle_fx.transformers_compat`), lifted into a :class:`Program`; the switches made
+    are recorded in ``program.notes["implementations"]``."""
+    with export_friendly(model, switch_implementations) as notes:
+        ep = export_program(model, args, kwargs, dynamic_shapes)
+    program = program_from_export(ep)
+    program.notes["implementations"] = list(notes)
+    return program
 
 
 def export_program(model, args, kwargs, dynamic_shapes=None) -> ExportedProgram:

@@ -21,6 +21,8 @@ class ExportReport:
     #: from its fusion log when the passes finished
     fusions: list = field(default_factory=list)
     pass_timings: dict[str, float] = field(default_factory=dict)
+    #: what capture changed for the export (e.g. transformers implementations switched)
+    notes: list = field(default_factory=list)
 
 
 class CircleModel:
@@ -114,6 +116,7 @@ class CircleModel:
                      f"buffers: {sum(1 for x in b.buffers if x is not None)}   "
                      f"weight bytes: {b.weight_bytes():,}   file bytes: {self.size:,}"
                      + ("  (external weights)" if self.serialized.external else ""))
+        lines.extend(f"note: {note}" for note in self.report.notes)
         lines.append("")
         lines.append("op histogram:")
         for name, count in self.op_histogram().most_common():

@@ -100,13 +100,10 @@ FAMILIES = [
     Family("t5_encoder", _t5_encoder(), output="last_hidden_state"),
     Family("t5_v1_1_encoder", _t5_encoder(feed_forward_proj="gated-gelu"), output="last_hidden_state",
            allowed_ops={"POW": "T5 v1.1's gelu_new computes x**3 (GELU tanh approximation), not a norm"}),
+    # default settings: export switches transformers' 'grouped_mm' experts to 'batched_mm' while capturing
     Family("gpt_oss", _causal_lm("GptOssConfig", "GptOssForCausalLM", **GPT_OSS),
-           xfail="GPT-OSS with transformers' default 'grouped_mm' experts implementation: the MoE "
-                 "sorts tokens by expert at run time (sort, histc, cumsum, floor_divide, empty_like, "
-                 "index_put) and multiplies through the opaque transformers::grouped_mm_fallback "
-                 "custom op over data-dependent group offsets; none has a Circle lowering and onert "
-                 "0.1.0 has no CUMSUM kernel. The 'batched_mm' experts implementation lowers "
-                 "(gpt_oss_batched_mm)."),
+           allowed_ops={op: "topk of the MoE router masks each round's winner (EQUAL + SELECT_V2)"
+                        for op in ("EQUAL", "SELECT_V2")}),
     # the same model with a public transformers option: experts gathered per token, no sorting
     Family("gpt_oss_batched_mm", _causal_lm("GptOssConfig", "GptOssForCausalLM", **GPT_OSS,
                                             experts_implementation="batched_mm"),

@@ -13,6 +13,7 @@ import torch.fx as fx
 from ..errors import CircleFxError, UnsupportedDtypeError, UnsupportedOpError
 from ..program import Program
 from ..source import op_name, source_line
+from ..transformers_compat import remedies
 from .builder import BO, ModelBuilder
 from .context import LoweringContext
 from .registry import lowering_for
@@ -40,6 +41,7 @@ def check_supported(program: Program) -> None:
         for op, uses in by_op.items():
             lines.append(f"  {op}:")
             lines.extend(f"    %{name} at {src}" for name, src in uses)
+        lines.extend(remedies(list(by_op)))
         if _has_dynamic_inputs(program):
             lines.append("  note: the model was exported with dynamic_shapes. Ops that compute from a dynamic "
                          "size (sym_size, arange, causal-mask construction) are folded to constants only when "
