@@ -6,7 +6,7 @@
 """
 from . import ops  # noqa: F401  (registers torch.ops.circle.*)
 from .api import capture, export, lower
-from .errors import (CaptureError, CircleFxError, InputError, PassError, RuntimeFailure,
+from .errors import (CaptureError, CircleFxError, InputError, OutputError, PassError, RuntimeFailure,
                      UnsupportedDtypeError, UnsupportedOpError, VerifyError)
 from .explain import ExplainResult, explain, explain_report  # circle_fx.explain is the function; the module imports as usual
 from .model import CircleModel
@@ -17,6 +17,6 @@ from .circle.verify import VerifyReport, verify
 __version__ = "0.1.0"
 
 __all__ = ["export", "capture", "lower", "CircleModel", "Program", "Pass", "Pipeline", "default_pipeline",
-           "CircleFxError", "CaptureError", "InputError", "PassError", "RuntimeFailure",
+           "CircleFxError", "CaptureError", "InputError", "OutputError", "PassError", "RuntimeFailure",
            "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError", "verify", "VerifyReport",
            "explain", "explain_report", "ExplainResult"]

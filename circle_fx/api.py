@@ -8,25 +8,28 @@ from .capture import capture_program, normalize_inputs
 from .emit.emitter import emit
 from .emit.writer import serialize
 from .model import CircleModel, ExportReport
+from .precision import check_precision
 from .passes import default_pipeline, finalize_pipeline, run_passes
 from .program import Program
 from .progress import NullProgress, print_timings, progress_for
 
 
 def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
-            switch_implementations: bool = True) -> Program:
+            switch_implementations: bool = True, cast_to_float32: bool = False) -> Program:
     """``torch.export`` the model and lift it into a :class:`Program` (no passes run).
 
     ``switch_implementations``: a ``transformers`` model runs with export-friendly experts
     (MoE) and attention implementations while it is captured, then is restored exactly
-    (see :mod:`circle_fx.transformers_compat`)."""
+    (see :mod:`circle_fx.transformers_compat`). ``cast_to_float32``: capture a float16 /
+    bfloat16 model in float32 (onert 0.1.0 runs no FLOAT16 tensor), restoring it afterwards."""
     args, kwargs = normalize_inputs(model, example_inputs, example_kwargs)
-    return capture_program(model, args, kwargs, dynamic_shapes, switch_implementations)
+    return capture_program(model, args, kwargs, dynamic_shapes, switch_implementations, cast_to_float32)
 
 
 def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes: Any = None,
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
-           verbose: bool | None = None, switch_implementations: bool = True) -> CircleModel:
+           verbose: bool | None = None, switch_implementations: bool = True,
+           cast_to_float32: bool = False) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -41,7 +44,8 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)
         t0 = time.perf_counter()
-        program = capture(model, example_inputs, example_kwargs, dynamic_shapes, switch_implementations)
+        program = capture(model, example_inputs, example_kwargs, dynamic_shapes, switch_implementations,
+                          cast_to_float32)
         t1 = time.perf_counter()
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
@@ -63,6 +67,8 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass
         run_passes(program, [p], report.pass_timings)
         progress.update()
+    # after the passes: a float16 constant folded into a float32 op (a widened norm weight) is fine
+    check_precision(program)
     report.fusions = program.fusions()
     report.notes = list(program.notes.get("implementations", []))
     t2 = time.perf_counter()

@@ -16,6 +16,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from .errors import CaptureError, InputError
 from .program import Program, add_constant
 from .source import source_line
+from .precision import float32_for_export
 from .transformers_compat import export_friendly
 
 try:  # generates the module's Python code only when it is called (passes recompile often, emit never runs it)
@@ -160,14 +161,18 @@ def _has_inplace_ops(ep: ExportedProgram) -> bool:
     return False
 
 
-def capture_program(model, args, kwargs, dynamic_shapes=None, switch_implementations: bool = True) -> Program:
+def capture_program(model, args, kwargs, dynamic_shapes=None, switch_implementations: bool = True,
+                    cast_to_float32: bool = False) -> Program:
     """``torch.export`` under export-friendly ``transformers`` implementations (see
-    :mod:`circle_fx.transformers_compat`), lifted into a :class:`Program`; the switches made
-    are recorded in ``program.notes["implementations"]``."""
-    with export_friendly(model, switch_implementations) as notes:
+    :mod:`circle_fx.transformers_compat`) and, if asked, in float32 (:mod:`circle_fx.precision`),
+    lifted into a :class:`Program`; what was changed for the capture is recorded in
+    ``program.notes["implementations"]``. The model is restored either way."""
+    with export_friendly(model, switch_implementations) as notes, \
+            float32_for_export(model, args, kwargs, cast_to_float32) as (args, kwargs, cast_notes):
         ep = export_program(model, args, kwargs, dynamic_shapes)
-    program = program_from_export(ep)
-    program.notes["implementations"] = list(notes)
+        # inside: constants are detached from the parameters *now* (float32 under cast_to_float32)
+        program = program_from_export(ep)
+    program.notes["implementations"] = [*notes, *cast_notes]
     return program
 
 

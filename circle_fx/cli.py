@@ -19,6 +19,7 @@ import sys
 from typing import Sequence
 
 from .errors import CircleFxError, InputError
+from .paths import check_output_path
 
 
 def load_factory(spec: str):
@@ -94,8 +95,10 @@ def cmd_export(args) -> int:
 
     if not args.output.endswith(".circle"):
         raise InputError(f"{args.output}: the output name must end in .circle (onert picks its loader by extension)")
+    check_output_path(args.output)  # before building and converting the model
     model, inputs = build_model(args.model)
-    cm = circle_fx.export(model, inputs, passes=[] if args.no_fuse else None)
+    cm = circle_fx.export(model, inputs, passes=[] if args.no_fuse else None,
+                          cast_to_float32=args.cast_to_float32)
     check = None
     if args.check:
         check = _compare_with_eager(cm, model, inputs)
@@ -163,6 +166,8 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--atol", type=float, default=1e-4, help="--check tolerance (default 1e-4)")
     e.add_argument("--no-fuse", action="store_true",
                    help="run no optimisation passes (only the mandatory folding and DCE)")
+    e.add_argument("--cast-to-float32", action="store_true",
+                   help="export a float16/bfloat16 model in float32 (onert 0.1.0 runs no FLOAT16 tensor)")
     e.set_defaults(func=cmd_export)
 
     i = sub.add_parser("inspect", help="print a .circle file's operators, tensors and buffers")

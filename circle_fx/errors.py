@@ -43,5 +43,9 @@ class VerifyError(CircleFxError):
         self.problems = problems or []
 
 
+class OutputError(CircleFxError):
+    """The output path cannot be written (checked before converting); names the user's path."""
+
+
 class RuntimeFailure(CircleFxError):
     """onert could not load or execute an emitted model."""

@@ -11,7 +11,7 @@ import torch
 from .circle.schema import CIRCLE_TO_NUMPY, op_name
 from .emit.builder import ModelBuilder
 from .emit.writer import Serialized, write_atomic
-from .errors import InputError
+from .errors import InputError, OutputError
 
 
 @dataclass
@@ -43,13 +43,20 @@ class CircleModel:
 
     # ---------------------------------------------------------------- output
     def save(self, path: str | os.PathLike) -> str:
-        """Write the model to ``path`` via a temp file and rename (never half-written)."""
-        path = os.fspath(path)
+        """Write the model to ``path`` via a temp file and rename (never half-written).
+
+        A path that cannot be written raises :class:`~circle_fx.errors.OutputError` naming it."""
+        from .paths import check_output_path
+
+        path = check_output_path(path)
         if not path.endswith(".circle"):
             import warnings
 
             warnings.warn(f"{path}: onert only loads files named *.circle", stacklevel=2)
-        write_atomic(path, self.serialized)
+        try:
+            write_atomic(path, self.serialized)
+        except OSError as e:  # e.filename may be the temp file: name the user's path only
+            raise OutputError(f"{path}: cannot write: {e.strerror or e}") from None
         return path
 
     def to_bytes(self) -> bytes:

@@ -15,9 +15,16 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)(?:\n(?!\s*File ")\s*(
 
 
 def source_line(node: fx.Node) -> str:
-    """The innermost user frame of ``node`` as ``path:line (fn): code``, or ``"<unknown source>"``."""
+    """The innermost user frame of ``node`` as ``path:line (fn): code``, or ``"<unknown source>"``.
+
+    Model inputs and weights have no stack trace (nothing in ``forward`` computed them):
+    they are named instead, as ``model input 'input_ids'`` / ``weight 'lm_head.weight'``."""
     trace = node.meta.get("stack_trace") if node is not None else None
     if not trace:
+        if node is not None and node.op == "placeholder":
+            return f"model input {node.name!r}"
+        if node is not None and node.op == "get_attr":
+            return f"weight {node.target!r}"
         return "<unknown source>"
     frames = _FRAME.findall(trace)
     if not frames:

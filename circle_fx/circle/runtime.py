@@ -11,6 +11,23 @@ import tempfile
 import numpy as np
 
 from ..errors import RuntimeFailure
+from .fdcapture import FdCapture
+
+
+def _failure(what: str, err: Exception, printed: str) -> RuntimeFailure:
+    """One error: onert's exception plus what onert printed on the C-level stdout/stderr."""
+    text = f"{what}: {err}"
+    if printed:
+        text += "\n  onert printed:\n" + "\n".join("    " + line for line in printed.splitlines()[-20:])
+    return RuntimeFailure(text)
+
+
+def _replay(printed: str) -> None:
+    """On success, onert's output (if any) is not swallowed: it goes to Python's stderr."""
+    if printed:
+        import sys
+
+        print(printed, file=sys.stderr)
 
 
 class OnertSession:
@@ -20,17 +37,22 @@ class OnertSession:
             import onert
         except ImportError as e:  # pragma: no cover - onert is a hard dependency
             raise RuntimeFailure("onert is not installed: pip install onert") from e
+        self._capture = FdCapture()
         try:
-            self.session = onert.infer.session(path)
+            with self._capture:
+                self.session = onert.infer.session(path)
         except Exception as e:
-            raise RuntimeFailure(f"onert could not load {path}: {e}") from e
+            raise _failure(f"onert could not load {path}", e, self._capture.text) from e
+        _replay(self._capture.text)
         self.path = path
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         try:
-            outs = self.session.infer([np.ascontiguousarray(x) for x in inputs])
+            with self._capture:
+                outs = self.session.infer([np.ascontiguousarray(x) for x in inputs])
         except Exception as e:
-            raise RuntimeFailure(f"onert failed to run {self.path}: {e}") from e
+            raise _failure(f"onert failed to run {self.path}", e, self._capture.text) from e
+        _replay(self._capture.text)
         return [np.asarray(o) for o in outs]
 
 
