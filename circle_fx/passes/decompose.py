@@ -6,6 +6,9 @@ owns the Circle op also owns the mapping (``FusionFamily.composites``; for RMSNo
 ``circle_fx/fusions/rms_norm.py``); this pass only applies the mappings. A mapping that
 produces the family's op is a fusion like any other, so it is recorded in the program's
 fusion log (with the composite's source line) and counted in the summary.
+
+Rewrites that belong to no fusion family (multi-tensor indexing -> one flat GATHER, see
+``flat_index.py``) are applied by the same walk, from :data:`REWRITES`.
 """
 from __future__ import annotations
 
@@ -15,6 +18,10 @@ from ..fusion_log import FusionRecord
 from ..fusions import composite_rules
 from ..source import source_line
 from .base import Pass
+from .flat_index import flat_index
+
+#: aten op -> rewrite (``None`` leaves the node alone), owned by no fusion family
+REWRITES = {flat_index.target: flat_index}
 
 
 class DecomposeComposites(Pass):
@@ -28,13 +35,15 @@ class DecomposeComposites(Pass):
         changed = False
         for n in list(g.nodes):
             owner = rules.get(n.target) if n.op == "call_function" else None
+            if owner is None and n.op == "call_function" and n.target in REWRITES:
+                owner = (None, REWRITES[n.target])
             if owner is None:
                 continue
             family, rule = owner
             with g.inserting_before(n):
                 new = rule(n, g)
             if new is not None:
-                if family.op is not None and isinstance(new, fx.Node) and new.target is family.op:
+                if family is not None and family.op is not None and isinstance(new, fx.Node) and new.target is family.op:
                     program.fusion_log.applied[new.name] = FusionRecord(
                         family.name, new.name, [_op_name(n.target)], source_line(n), 1)
                 n.replace_all_uses_with(new)

@@ -12,7 +12,11 @@ through.
   with a dynamic length the mask depends on the run-time size, and building it on device
   needs RANGE/CUMSUM-like ops onert 0.1.0 lacks). A constant boolean mask (the folded
   causal mask of ``transformers`` models) becomes an additive float constant; a run-time
-  boolean mask uses SELECT_V2; a float mask is added.
+  boolean mask uses SELECT_V2 with the dtype's lowest finite value, not -inf: in a padded
+  batch (left padding) some query rows have every key masked; -inf made their softmax NaN,
+  and 0 * NaN in the next BATCH_MATMUL spread NaN to every position. torch returns 0 for
+  such rows, this returns the mean of V: both finite, and those rows are padding. A float
+  mask is added.
 """
 from __future__ import annotations
 
@@ -110,6 +114,6 @@ def _apply_mask(ctx, scores, dims, hint, mask, dt, dynamic):
         additive = np.where(const.numpy(), 0, -np.inf).astype(npdt)
         ctx.op(BO.ADD, [scores, ctx.const(additive, "mask")], [out], options("AddOptions"))
     else:
-        ninf = ctx.const(np.array(-np.inf, dtype=npdt), "ninf")
-        ctx.op(BO.SELECT_V2, [ctx.tensor(mask), scores, ninf], [out])
+        lowest = ctx.const(np.array(np.finfo(npdt).min, dtype=npdt), "masked_score")
+        ctx.op(BO.SELECT_V2, [ctx.tensor(mask), scores, lowest], [out])
     return out, dims, hint

@@ -37,8 +37,14 @@ def index(ctx, node):
     axis, idx = given[0]
     if ctx.dtype(idx) == torch.bool:
         raise ctx.error("boolean-mask indexing has a data-dependent shape and is not supported")
-    ctx.op(BO.GATHER, [ctx.tensor(x), _index(ctx, x, axis, idx)], [ctx.output(node)],
-           options("GatherOptions", axis=axis, batchDims=0))
+    table, out, idx = ctx.tensor(x), ctx.output(node), _index(ctx, x, axis, idx)
+    if ctx.dtype(x) == torch.bool:  # onert 0.1.0 GATHER: "unsupported input data type" for bool
+        table = ctx.like(x, "as_int32", torch.int32)
+        ctx.op(BO.CAST, [ctx.tensor(x)], [table])
+        out = ctx.like(node, "gathered_int32", torch.int32)
+    ctx.op(BO.GATHER, [table, idx], [out], options("GatherOptions", axis=axis, batchDims=0))
+    if out != ctx.output(node):
+        ctx.op(BO.CAST, [out], [ctx.output(node)])
 
 
 #: ops whose (index) result is a position, never negative: (op, tuple element or None)
