@@ -73,10 +73,10 @@ def test_index_with_one_tensor_gathers():
     _check(Fn(lambda x, i: x[:, i]), _randn(3, 6), torch.tensor([5, 1, 1], dtype=torch.int64))
 
 
-def test_index_with_two_tensors_is_reported():
+def test_index_with_two_tensors_is_one_flat_gather():
+    """Was reported as unsupported (GATHER_ND); now rewritten by passes/flat_index.py."""
     rows, cols = torch.tensor([0, 1]), torch.tensor([1, 2])
-    with pytest.raises(UnsupportedOpError, match="index tensors"):
-        circle_fx.export(Fn(lambda x: x[rows.clone(), cols.clone()] + x[0, 0]), (_randn(3, 4),))
+    _check(Fn(lambda x: x[rows.clone(), cols.clone()] + x[0, 0]), _randn(3, 4))
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])

@@ -3,7 +3,9 @@
 MoE layers pick expert weights this way (``gate_up_proj[expert_ids]``). One index
 tensor at dimension d, every other position ``None`` (a full slice), is exactly
 GATHER on axis d; several index tensors (broadcast together) would need GATHER_ND,
-which onert 0.1.0 does not implement, so they are reported instead.
+which onert 0.1.0 does not implement: ``passes/flat_index.py`` rewrites them into one
+flat index before emission, so only cases it cannot (symbolic shapes) reach this error.
+onert's GATHER has no bool kernel: a bool table is gathered as int32 and cast back.
 
 torch counts negative indices from the end; GATHER reads out of bounds instead. Constant
 index tensors are wrapped at compile time; a run-time index tensor gets
