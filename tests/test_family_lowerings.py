@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import circle_fx
-from circle_fx.errors import UnsupportedOpError
 
 from onert_eager import Fn, assert_onert_matches_eager
 
