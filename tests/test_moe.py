@@ -120,3 +120,41 @@ def test_flex_attention_is_switched_to_sdpa_and_restored():
     assert config_state(model) == configs and model.config._attn_implementation == "flex_attention"
     assert "'flex_attention' -> 'sdpa'" in cm.summary(), cm.summary()
     np.testing.assert_allclose(cm.run(ids)[0], ref, rtol=RTOL, atol=ATOL)
+
+
+DEEPSEEK_V3 = dict(n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, moe_intermediate_size=32,
+                   first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                   v_head_dim=16, n_shared_experts=1, num_key_value_heads=4)
+
+
+def test_deepseek_v3_group_limited_routing_matches_eager():
+    """n_group/topk_group: top-2 sum per group, top-k groups, scatter into a group mask,
+    ``masked_fill(~mask, -inf)``, top-k experts, ``gather`` of their scores. The zeros_like /
+    scatter / gather / masked_fill (and MLA's new_empty / copy) decompositions come from the
+    general decomposition pass of issue 9 item 1 (branch ``coverage``)."""
+    pytest.importorskip("circle_fx.passes.decompose_unlowered",
+                        reason="needs the general decomposition of ops without a lowering (issue 9 item 1)")
+    torch.manual_seed(SEED)
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**{**DECODER, **DEEPSEEK_V3})).eval()
+    gen = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():  # the router starts at zero weight: every score ties and routing is moot
+        for m in model.modules():
+            if type(m).__name__ == "DeepseekV3TopkRouter":
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen))
+                m.e_score_correction_bias.copy_(0.1 * torch.randn(m.e_score_correction_bias.shape, generator=gen))
+    ids = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=gen)
+    with torch.no_grad():
+        ref = model(ids, use_cache=False).logits.numpy()
+    configs, state = config_state(model), weights(model)
+    cm = circle_fx.export(model, (ids,), example_kwargs={"use_cache": False})
+    assert config_state(model) == configs and weights(model) == state
+    assert "'grouped_mm' -> 'batched_mm'" in cm.summary()
+    np.testing.assert_allclose(cm.run(ids)[0], ref, rtol=RTOL, atol=ATOL)
+
+
+def test_bitwise_not_of_a_mask_is_logical_not():
+    from onert_eager import Fn, assert_onert_matches_eager
+
+    cm = assert_onert_matches_eager(Fn(lambda x: (x * (~(x > 0)).float(), ~(x < 0.5))), (torch.randn(3, 5),),
+                                    rtol=0, atol=0)
+    assert cm.op_histogram()["LOGICAL_NOT"] == 2

@@ -154,6 +154,14 @@ def logical(ctx, node):
     ctx.op(_LOGICAL[node.target], [operand(ctx, a, torch.bool), operand(ctx, b, torch.bool)], [ctx.output(node)])
 
 
+@lowering(aten.bitwise_not.default)
+def bitwise_not(ctx, node):
+    """``~mask`` on a bool tensor (DeepSeek-V3's group-limited router) is LOGICAL_NOT."""
+    if ctx.dtype(node) != torch.bool:
+        raise ctx.error(f"bitwise_not is only supported on bool tensors, got {ctx.dtype(node)}")
+    ctx.op(BO.LOGICAL_NOT, [ctx.tensor(node.args[0])], [ctx.output(node)])
+
+
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(ctx, node):
     cond, a, b = node.args[0], node.args[1], node.args[2]
