@@ -12,6 +12,7 @@ Rewrites that belong to no fusion family (multi-tensor indexing -> one flat GATH
 """
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
 from ..fusion_log import FusionRecord
@@ -21,7 +22,7 @@ from .base import Pass
 from .flat_index import flat_index
 
 #: aten op -> rewrite (``None`` leaves the node alone), owned by no fusion family
-REWRITES = {flat_index.target: flat_index}
+REWRITES = {torch.ops.aten.index.Tensor: flat_index}
 
 
 class DecomposeComposites(Pass):

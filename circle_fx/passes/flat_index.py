@@ -58,6 +58,3 @@ def flat_index(n: fx.Node, g: fx.Graph) -> fx.Node | None:
     merged = dims[:first] + [math.prod(sizes)] + dims[first + k:]
     src = make_node(g, aten.reshape.default, (src, merged), like=n)
     return make_node(g, aten.index.Tensor, (src, [None] * first + [flat]), like=n)
-
-
-flat_index.target = aten.index.Tensor
