@@ -216,3 +216,29 @@ def test_explain_names_model_inputs():
     text = circle_fx.explain(M(), (torch.randn(2, 3, 8), torch.randn(2, 3, 8))).format()
     assert "<unknown source>" not in text, text
     assert "model input 'y'" in text, text
+
+
+HALF_PY = '''
+import torch
+from torch import nn
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU()).half().eval(), (torch.randn(2, 4).half(),)
+'''
+
+
+def test_cli_half_model_refused_or_cast_with_the_flag(capsys, tmp_path):
+    factory = tmp_path / "half_models.py"
+    factory.write_text(HALF_PY)
+    out_path = tmp_path / "h.circle"
+    rc = main(["export", f"{factory}:build", "-o", str(out_path)])
+    out, err = capsys.readouterr()
+    assert rc == 1 and "FLOAT16" in err and "Traceback" not in err and not out_path.exists(), err
+    rc = main(["export", f"{factory}:build", "-o", str(out_path), "--cast-to-float32", "--summary"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and out_path.exists() and "cast_to_float32" in out, (out, err)
+    from circle_fx.circle.reader import read_circle
+
+    types = {t.type for t in read_circle(str(out_path)).tensors}
+    assert 0 in types and 1 not in types, types  # circle TensorType: 0 FLOAT32, 1 FLOAT16
