@@ -26,6 +26,10 @@ LMS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                     dict(head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"])),
+    # eager attention (additive float mask, attention sinks) and an MoE with the default experts
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=4,
+                     max_position_embeddings=131072)),
 }
 
 
