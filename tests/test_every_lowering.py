@@ -110,6 +110,7 @@ CASES = {
     aten.logical_not.default: (Fn(torch.logical_not), (BOOL_A,)),
     aten.bitwise_and.Tensor: (Fn(torch.bitwise_and), (BOOL_A, BOOL_B)),
     aten.bitwise_or.Tensor: (Fn(torch.bitwise_or), (BOOL_A, BOOL_B)),
+    aten.bitwise_not.default: (Fn(torch.bitwise_not), (BOOL_A,)),
     aten.__and__.Tensor: (Fn(lambda a, b: torch.ops.aten.__and__.Tensor(a, b)), (BOOL_A, BOOL_B)),
     aten.__or__.Tensor: (Fn(lambda a, b: torch.ops.aten.__or__.Tensor(a, b)), (BOOL_A, BOOL_B)),
     aten.where.self: (Fn(torch.where), (BOOL_A, A, B)),
