@@ -18,7 +18,8 @@ def source_line(node: fx.Node) -> str:
     """The innermost user frame of ``node`` as ``path:line (fn): code``, or ``"<unknown source>"``.
 
     Model inputs and weights have no stack trace (nothing in ``forward`` computed them):
-    they are named instead, as ``model input 'input_ids'`` / ``weight 'lm_head.weight'``."""
+    they are named instead, as ``model input 'input_ids'`` / ``weight 'lm_head_weight'`` (the
+    constant's attribute name: the parameter name with dots replaced)."""
     trace = node.meta.get("stack_trace") if node is not None else None
     if not trace:
         if node is not None and node.op == "placeholder":
