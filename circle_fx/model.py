@@ -95,6 +95,11 @@ class CircleModel:
             raise InputError(f"input {name!r} has shape {list(array.shape)}; the model expects {want}"
                              + (" (-1: any size)" if -1 in want else
                                 " (export with dynamic_shapes for other sizes)"))
+        for d, size in enumerate(array.shape):
+            largest = self.builder.input_limits.get((name, d))
+            if largest is not None and size > largest:
+                raise InputError(f"input {name!r} has size {size} in dim {d}; the model was exported for at most "
+                                 f"{largest} there (the dynamic dim's max), and is only correct up to it")
         dtype = CIRCLE_TO_NUMPY[t.type]
         if array.dtype != dtype:
             if array.dtype.kind != dtype.kind:
@@ -119,6 +124,9 @@ class CircleModel:
         lines = ["circle_fx model summary", "=" * 23]
         lines.append(f"inputs : " + ", ".join(f"{n}{list(b.tensors[i].shape)}" for n, i in zip(b.input_names, b.inputs)))
         lines.append(f"outputs: " + ", ".join(f"{n}{list(b.tensors[i].shape)}" for n, i in zip(b.output_names, b.outputs)))
+        if b.input_limits:
+            lines.append("largest sizes (the model is exact up to them; run() checks, a host using the file must): "
+                         + ", ".join(f"{n} dim {d} <= {m}" for (n, d), m in sorted(b.input_limits.items())))
         lines.append(f"operators: {len(b.operators)}   tensors: {len(b.tensors)}   "
                      f"buffers: {sum(1 for x in b.buffers if x is not None)}   "
                      f"weight bytes: {b.weight_bytes():,}   file bytes: {self.size:,}"

@@ -43,9 +43,9 @@ MODELS = textwrap.dedent('''
             self.fc = torch.nn.Linear(8, 8)
 
         def forward(self, x):
-            y = torch.cumsum(self.fc(x), dim=-1)
+            y = torch.cumprod(self.fc(x), dim=-1)
             z = torch.sort(y, dim=-1).values
-            return z + torch.cumsum(x, dim=1)
+            return z + torch.cumprod(x, dim=1)
 
     def unsupported():
         return Unsupported(), (torch.randn(2, 8),)
@@ -147,10 +147,10 @@ def test_unsupported_ops_listed_with_sources_and_no_file(capsys, models_py, tmp_
     assert rc == 1
     assert "Traceback" not in err
     assert "2 unsupported op(s), 3 node(s)" in err
-    assert "aten.cumsum.default" in err and "aten.sort.default" in err
+    assert "aten.cumprod.default" in err and "aten.sort.default" in err
     # each use is reported with its source line in the user's file
-    for code in ("y = torch.cumsum(self.fc(x), dim=-1)", "z = torch.sort(y, dim=-1).values",
-                 "return z + torch.cumsum(x, dim=1)"):
+    for code in ("y = torch.cumprod(self.fc(x), dim=-1)", "z = torch.sort(y, dim=-1).values",
+                 "return z + torch.cumprod(x, dim=1)"):
         assert f"my_models.py:{line_of(code)} (forward): {code}" in err
     assert os.listdir(tmp_path) == ["my_models.py"]  # no output, no temp file
 
@@ -163,7 +163,7 @@ def test_unsupported_ops_api_error_lists_every_op(models_py):
     with pytest.raises(circle_fx.UnsupportedOpError) as info:
         circle_fx.export(model, inputs)
     ops = info.value.ops
-    assert sorted(op for op, _, _ in ops) == ["aten.cumsum.default", "aten.cumsum.default", "aten.sort.default"]
+    assert sorted(op for op, _, _ in ops) == ["aten.cumprod.default", "aten.cumprod.default", "aten.sort.default"]
     assert all("my_models.py:" in src for _, _, src in ops)
 
 
@@ -277,7 +277,7 @@ def test_python_dash_m_error_has_no_traceback(models_py, tmp_path):
                            "-o", str(out_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
-    assert "aten.cumsum.default" in proc.stderr and "aten.sort.default" in proc.stderr
+    assert "aten.cumprod.default" in proc.stderr and "aten.sort.default" in proc.stderr
     assert proc.stdout == ""
     assert not out_path.exists()
 

@@ -1,10 +1,9 @@
 """Dynamic shapes: a symbolic batch or sequence dim becomes -1 in ``shape_signature`` and
 the one Circle model runs in onert at several sizes, matching eager at each.
 
-Where a model cannot be lowered with a dynamic dim, the error says which op and why
-(the tiny Llama with a dynamic sequence length and only input_ids is such a case: its
-position ids and causal mask are computed from the length at run time with ops onert
-lacks; given the mask and position ids as inputs, it works).
+Where a model cannot be lowered with a dynamic dim, the error says which op and why.
+(A transformers decoder with a dynamic sequence length and only input_ids: see
+test_dynamic_seq_llm.py; here, the variant with mask and position ids as inputs.)
 """
 from __future__ import annotations
 
@@ -217,12 +216,21 @@ def test_attention_with_a_mask_input_dynamic_seq():
     check_sizes(cm, model, inputs, [3, 10])
 
 
-def test_causal_attention_with_dynamic_seq_is_a_clear_error():
+def test_causal_attention_with_dynamic_seq():
+    """is_causal=True: the mask is built on device from prefix-sum positions (no RANGE)."""
+    torch.manual_seed(0)
+    model = Attention(causal=True).eval()
+    cm = circle_fx.export(model, (torch.randn(1, 5, 16),), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+    assert cm.op_histogram()["LESS_EQUAL"] == 1
+    check_sizes(cm, model, lambda n: (torch.randn(1, n, 16),), [3, 13, 64])
+
+
+def test_causal_attention_with_unbounded_dynamic_seq_is_a_clear_error():
     with pytest.raises(UnsupportedOpError) as info:
         circle_fx.export(Attention(causal=True).eval(), (torch.randn(1, 5, 16),),
-                         dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+                         dynamic_shapes=({1: Dim("seq", min=2)},))
     msg = str(info.value)
-    assert "is_causal=True with a dynamic sequence length" in msg and "mask as a model input" in msg
+    assert "is_causal=True attention over dim 1 of input 'x'" in msg and "no upper bound" in msg
     assert "test_dynamic_shapes.py" in msg
 
 
@@ -302,21 +310,5 @@ def test_tiny_llama_dynamic_seq_with_mask_and_positions_as_inputs(tiny_llama):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
 
 
-def test_tiny_llama_dynamic_seq_gives_a_clear_error(tiny_llama):
-    """Not supported from input_ids alone: with a symbolic length, transformers builds position
-    ids and the causal mask at run time (arange, cumsum, diff, ...); with static shapes these
-    fold away. (Passing mask and positions as inputs works: see the test above.)
-
-    Why no lowering: onert 0.1.0 has no RANGE or CUMSUM kernel, and every op whose output
-    *shape* comes from a run-time value fails at run ("num_elements() cannot calculate when
-    any dimension is unspecified"): measured for STRIDED_SLICE and SLICE of a constant
-    arange table with the end/size taken from SHAPE(input_ids), and for FILL with SHAPE's
-    output as dims. So arange(seq) cannot be built on device. The error lists the ops with
-    their source lines and says why."""
-    model, (ids,) = tiny_llama
-    with pytest.raises(UnsupportedOpError) as info:
-        circle_fx.export(model, (ids,), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
-    msg = str(info.value)
-    assert "aten.arange" in msg and "aten.cumsum.default" in msg
-    assert "modeling_llama.py" in msg
-    assert "exported with dynamic_shapes" in msg and "without dynamic_shapes" in msg
+# A transformers decoder from input_ids alone (positions and mask built at run time): see
+# tests/test_dynamic_seq_llm.py.

@@ -149,18 +149,18 @@ def test_run_with_wrong_shape_or_dtype():
 # ---------------------------------------------------------------- unsupported
 class Unsupported(nn.Module):
     def forward(self, x):
-        a = torch.cumsum(x, -1)
+        a = torch.cumprod(x, -1)
         b = torch.erfinv(x)
-        return a + b + torch.cumsum(b, 0)
+        return a + b + torch.cumprod(b, 0)
 
 
 def test_unsupported_ops_are_all_listed_with_source_lines():
     err = raised(lambda: circle_fx.export(Unsupported(), (torch.randn(3, 4),)), UnsupportedOpError)
     msg = str(err)
     assert "2 unsupported op(s), 3 node(s)" in msg and "nothing was written" in msg
-    assert "aten.cumsum.default" in msg and "aten.erfinv.default" in msg
-    assert "a = torch.cumsum(x, -1)" in msg and "torch.cumsum(b, 0)" in msg and "b = torch.erfinv(x)" in msg
-    assert sorted(op for op, _, _ in err.ops) == ["aten.cumsum.default"] * 2 + ["aten.erfinv.default"]
+    assert "aten.cumprod.default" in msg and "aten.erfinv.default" in msg
+    assert "a = torch.cumprod(x, -1)" in msg and "torch.cumprod(b, 0)" in msg and "b = torch.erfinv(x)" in msg
+    assert sorted(op for op, _, _ in err.ops) == ["aten.cumprod.default"] * 2 + ["aten.erfinv.default"]
     assert all(HERE in src for _, _, src in err.ops)
 
 

@@ -173,11 +173,26 @@ CASES = {
     aten.scaled_dot_product_attention.default: (Fn(F.scaled_dot_product_attention),
                                                 (r(1, 2, 3, 4), r(1, 2, 3, 4, seed=1), r(1, 2, 3, 4, seed=2))),
     rms_norm: (torch.nn.RMSNorm(4, eps=1e-6), (X,)),
+    aten.cumsum.default: (Fn(lambda x: x.cumsum(1)), (X,)),
+    aten.new_ones.default: (Fn(lambda x: x + x.new_ones((4,))), (X,)),
+    aten.new_zeros.default: (Fn(lambda x: x + x.new_zeros((4,))), (X,)),
+    aten.new_full.default: (Fn(lambda x: x + x.new_full((4,), 2.5)), (X,)),
 }
 
 #: targets that only appear in a graph exported with dynamic shapes: target -> (module, inputs, dynamic_shapes)
 DYNAMIC_CASES = {
     aten.sym_size.int: (Fn(lambda x: x.reshape(x.shape[0], 2, 2)), (r(3, 4),),
+                        (({0: torch.export.Dim("n", min=2, max=8)},),)),
+    # prefix sums over a run-time length (emit/lowerings/scan.py)
+    aten.arange.default: (Fn(lambda x: x * torch.arange(x.shape[0])[:, None]), (r(5, 4),),
+                          (({0: torch.export.Dim("n", min=2, max=8)},),)),
+    aten.arange.start: (Fn(lambda x: x * torch.arange(3, x.shape[0] + 3)[:, None]), (r(5, 4),),
+                        (({0: torch.export.Dim("n", min=2, max=8)},),)),
+    operator.add: (Fn(lambda x: x * torch.arange(3, x.shape[0] + 3)[:, None]), (r(5, 4),),
+                   (({0: torch.export.Dim("n", min=2, max=8)},),)),
+    operator.mul: (Fn(lambda x: x.reshape(x.shape[0] * 2, 2)), (r(5, 4),),
+                   (({0: torch.export.Dim("n", min=2, max=8)},),)),
+    aten.diff.default: (Fn(lambda x: torch.diff(x, dim=0, prepend=x[:1])), (r(5, 4),),
                         (({0: torch.export.Dim("n", min=2, max=8)},),)),
 }
 

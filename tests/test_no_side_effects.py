@@ -112,7 +112,7 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
 
     class Unsupported(nn.Module):
         def forward(self, x):
-            return torch.cumsum(x, 0)
+            return torch.cumprod(x, 0)
 
     with pytest.raises(CircleFxError):
         circle_fx.export(Unsupported(), (torch.randn(3, 2),))

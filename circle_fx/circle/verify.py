@@ -14,7 +14,7 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
   reductions keep their input's type;
 - shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
-  reductions, STRIDED_SLICE, ARG_MAX). Dynamic dims (``-1`` in ``shape_signature``) match anything;
+  reductions, STRIDED_SLICE, PAD, ARG_MAX). Dynamic dims (``-1`` in ``shape_signature``) match anything;
 - signatures: names present and unique, pointing at exactly the graph inputs/outputs.
 
 All problems are collected and raised together as one :class:`VerifyError`.
@@ -557,6 +557,18 @@ def _tile(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), [None if d is None else d * m for d, m in zip(x, mult)])
 
 
+def _pad(c: _Checker, op: OperatorView):
+    """PAD: paddings is a constant [rank, 2] (before, after) per axis."""
+    x = c.dims(op.inputs[0])
+    pads = c.const_ints(op.inputs[1])
+    if pads is None:
+        raise _Skip()
+    if len(pads) != 2 * len(x):
+        return f"paddings of {len(pads)} values do not match input rank {len(x)}"
+    return _expect(c.dims(op.outputs[0]),
+                   [None if d is None else d + pads[2 * i] + pads[2 * i + 1] for i, d in enumerate(x)])
+
+
 def _broadcast_to(c: _Checker, op: OperatorView):
     target = c.const_ints(op.inputs[1])
     if target is None:
@@ -598,7 +610,7 @@ _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)}
 _RULES.update({BO.RMS_NORM: _rms_norm, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
-               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile,
+               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile, BO.PAD: _pad,
                BO.BROADCAST_TO: _broadcast_to, BO.ARG_MAX: _arg_max, BO.ARG_MIN: _arg_max})
 
 

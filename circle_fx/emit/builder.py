@@ -43,6 +43,8 @@ class ModelBuilder:
     outputs: list[int] = field(default_factory=list)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
+    #: ``{(input name, dim): largest size}`` a lowering is exact up to (CircleModel.run checks it)
+    input_limits: dict = field(default_factory=dict)
     _buffer_keys: dict = field(default_factory=dict)
     _names: set = field(default_factory=set)
 

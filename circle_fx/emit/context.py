@@ -192,6 +192,34 @@ class LoweringContext:
     def tensor_dtype(self, index: int) -> torch.dtype:
         return CIRCLE_TO_TORCH[self.builder.tensors[index].type]
 
+    def inputs_with_size(self, size: torch.SymInt) -> list[tuple[fx.Node, int]]:
+        """``(model input, dim)`` pairs whose size is the dynamic ``size`` (same symbolic expression)."""
+        found = []
+        for n in self.program.graph.nodes:
+            v = n.meta.get("val") if n.op == "placeholder" else None
+            if isinstance(v, torch.Tensor):
+                found += [(n, d) for d, s in enumerate(v.shape)
+                          if isinstance(s, torch.SymInt) and s.node.expr == size.node.expr]
+        return found
+
+    @staticmethod
+    def size_bound(size: torch.SymInt) -> int | None:
+        """The largest value a dynamic ``size`` can take (torch.export's range constraint:
+        ``Dim(..., max=...)``), or None when unbounded."""
+        upper = size.node.shape_env.bound_sympy(size.node.expr).upper
+        try:
+            bound = int(upper)
+        except Exception:  # sympy's oo / torch's int_oo: no maximum was given
+            return None
+        return bound if bound < 2**31 - 1 else None
+
+    def limit_input(self, input_name: str, dim: int, largest: int) -> None:
+        """Record that the model is correct only while ``input_name``'s ``dim`` is at most
+        ``largest`` (e.g. a prefix sum unrolled for that many elements); ``CircleModel.run``
+        rejects larger inputs with an ``InputError``."""
+        key = (input_name, dim)
+        self.builder.input_limits[key] = min(largest, self.builder.input_limits.get(key, largest))
+
     # ------------------------------------------------------------- operators
     def op(self, code: int, inputs, outputs, options=None) -> None:
         self.builder.add_operator(code, inputs, outputs, options,

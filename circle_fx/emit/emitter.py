@@ -44,9 +44,9 @@ def check_supported(program: Program) -> None:
         lines.extend(remedies(list(by_op)))
         if _has_dynamic_inputs(program):
             lines.append("  note: the model was exported with dynamic_shapes. Ops that compute from a dynamic "
-                         "size (sym_size, arange, causal-mask construction) are folded to constants only when "
-                         "shapes are static: export without dynamic_shapes (one model per size), or pass what they build "
-                         "(e.g. a transformers model's 4-D attention_mask and position_ids) as inputs")
+                         "size are folded to constants only when shapes are static (arange, cumsum and diff over a "
+                         "dynamic dim with a max are lowered): export without dynamic_shapes (one model per size), "
+                         "or pass what they build (e.g. a transformers model's 4-D attention_mask) as inputs")
         raise UnsupportedOpError("\n".join(lines), missing)
     if bad_dtypes:
         raise UnsupportedDtypeError(

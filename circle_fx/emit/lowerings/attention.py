@@ -8,9 +8,9 @@ through.
   one GATHER on the head axis (indices are known at compile time; no shape operand, so it
   works for dynamic lengths too).
 - onert ignores BATCH_MATMUL's adjoint flags, so K is transposed explicitly.
-- Masks: ``is_causal=True`` adds a constant ``-inf`` upper triangle (static lengths only:
-  with a dynamic length the mask depends on the run-time size, and building it on device
-  needs RANGE/CUMSUM-like ops onert 0.1.0 lacks). A constant boolean mask (the folded
+- Masks: ``is_causal=True`` adds a constant ``-inf`` upper triangle; with a dynamic length
+  it is built on device from prefix-sum positions (``scan.causal_allowed``: onert 0.1.0 has
+  no RANGE/CUMSUM), which needs the dim's max. A constant boolean mask (the folded
   causal mask of ``transformers`` models) becomes an additive float constant; a run-time
   boolean mask uses SELECT_V2 with the dtype's lowest finite value, not -inf: in a padded
   batch (left padding) some query rows have every key masked; -inf made their softmax NaN,
@@ -28,6 +28,7 @@ import torch
 from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
+from .scan import causal_allowed
 from ._common import BO, operand, options
 
 aten = torch.ops.aten
@@ -51,10 +52,6 @@ def sdpa(ctx, node):
     if dropout_p:
         raise ctx.error("attention dropout is not supported (export the model in eval mode)")
     dynamic = any(ctx.is_dynamic(t) for t in (q, k, v))
-    if is_causal and dynamic:
-        raise ctx.error("is_causal=True with a dynamic sequence length is not supported: the mask depends "
-                        "on the length at run time (onert has no RANGE/CUMSUM to build it); pass an explicit "
-                        "attention mask as a model input, or export with static shapes")
     dt = ctx.dtype(node)
     qd, kd, vd = ctx.dims(q), ctx.dims(k), ctx.dims(v)
     qh, kh, vh = ctx.shape_hint(q), ctx.shape_hint(k), ctx.shape_hint(v)
@@ -76,7 +73,12 @@ def sdpa(ctx, node):
     scale = 1.0 / math.sqrt(qh[-1]) if scale is None else scale
     logits = ctx.new_tensor(dims, dt, "scaled", hint)
     ctx.op(BO.MUL, [scores, ctx.tensor(float(scale), dt)], [logits], options("MulOptions"))
-    if is_causal:
+    if is_causal and dynamic:  # the mask from positions built on device (no RANGE/CUMSUM needed)
+        out = ctx.new_tensor(dims, dt, "causal", hint)
+        ninf = ctx.const(np.array(-np.inf, dtype=numpy_dtype(dt)), "ninf")
+        ctx.op(BO.SELECT_V2, [causal_allowed(ctx, q, k, len(dims)), logits, ninf], [out])
+        logits = out
+    elif is_causal:
         L, S = hint[-2], hint[-1]
         causal = np.where(np.tril(np.ones((L, S), dtype=bool)), 0, -np.inf).astype(numpy_dtype(dt))
         out = ctx.new_tensor(dims, dt, "causal", hint)

@@ -12,7 +12,10 @@ index tensors are wrapped at compile time; a run-time index tensor gets
 ``idx + size * (idx < 0)`` (onert's SELECT_V2 has no int64 kernel) unless it comes straight from an op whose result
 is a position and so never negative (``topk``/``sort``/``max.dim`` indices, ``argmax``,
 possibly reshaped or sliced on the way):
-that is the MoE router case, which then costs no extra ops.
+that is the MoE router case, which then costs no extra ops; so does ``arange`` (plus a
+non-negative constant), the positions a transformers mask function indexes with.
+Index tensors on dims along which the indexed tensor repeats (size 1, or expanded) are
+dropped first (``positions[batch_idx, kv_idx]`` in transformers' mask functions).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import operator
 import numpy as np
 import torch
 
-from ...fx_utils import look_through
+from ...fx_utils import look_through, val
 from ..registry import lowering
 from ..types import to_numpy
 from ._common import BO, options
@@ -33,20 +36,136 @@ aten = torch.ops.aten
 def index(ctx, node):
     x, indices = node.args[0], node.args[1]
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    src, dims, hint, grow = None, ctx.dims(x), ctx.shape_hint(x), None
+    if len(given) > 1:
+        src, dims, hint, given, grow = _drop_repeated_indices(ctx, node, x, given)
     if len(given) != 1:
         raise ctx.error(f"indexing with {len(given)} index tensors is not supported (only one; "
                         "onert has no GATHER_ND)")
     axis, idx = given[0]
     if ctx.dtype(idx) == torch.bool:
         raise ctx.error("boolean-mask indexing has a data-dependent shape and is not supported")
-    table, out, idx = ctx.tensor(x), ctx.output(node), _index(ctx, x, axis, idx)
-    if ctx.dtype(x) == torch.bool:  # onert 0.1.0 GATHER: "unsupported input data type" for bool
-        table = ctx.like(x, "as_int32", torch.int32)
-        ctx.op(BO.CAST, [ctx.tensor(x)], [table])
-        out = ctx.like(node, "gathered_int32", torch.int32)
-    ctx.op(BO.GATHER, [table, idx], [out], options("GatherOptions", axis=axis, batchDims=0))
-    if out != ctx.output(node):
-        ctx.op(BO.CAST, [out], [ctx.output(node)])
+    src = ctx.tensor(x) if src is None else src
+    # onert 0.1.0 GATHER: "unsupported input data type" for bool and int64 tables. bool goes
+    # through int32; so do int64 positions and counts (bounded by a dim's size: exact)
+    narrow = ctx.dtype(x) == torch.bool or (ctx.dtype(x) == torch.int64 and _counts_positions(x))
+    work = torch.int32 if narrow else ctx.dtype(node)
+    if narrow:
+        small = ctx.new_tensor(dims, torch.int32, "positions32", hint)
+        ctx.op(BO.CAST, [src], [small])
+        src = small
+    out = ctx.output(node)
+    picked = out if work == ctx.dtype(node) and grow is None else ctx.like(node, "picked", work)
+    if grow is not None:  # GATHER gives the kept index's shape; the dropped ones broadcast it
+        picked = ctx.new_tensor(grow[0], work, "picked", grow[1])
+    ctx.op(BO.GATHER, [src, _index(ctx, x, dims, hint, axis, idx)], [picked],
+           options("GatherOptions", axis=axis, batchDims=0))
+    if grow is not None:
+        zeros_shape = [w if p == 1 else 1 for p, w in zip(grow[0], ctx.shape_hint(node))]
+        zeros = ctx.const(np.zeros(zeros_shape, to_numpy(torch.zeros((), dtype=work)).dtype), "broadcast")
+        grown = out if work == ctx.dtype(node) else ctx.like(node, "grown", work)
+        ctx.op(BO.ADD, [picked, zeros], [grown], options("AddOptions"))
+        picked = grown
+    if picked != out:
+        ctx.op(BO.CAST, [picked], [out])
+
+
+def _same(a, b) -> bool:
+    return (a.node.expr if isinstance(a, torch.SymInt) else a) == (b.node.expr if isinstance(b, torch.SymInt) else b)
+
+
+def _drop_repeated_indices(ctx, node, x, given):
+    """Index tensors on dims along which every slice of ``x`` is the same select nothing:
+    slice 0 of that dim is as good (STRIDED_SLICE with shrink). Such dims are static
+    size-1 dims and dims that an ``expand`` repeated, followed through elementwise and
+    row-wise ops (:func:`_repeated_dims`). transformers' mask functions index
+    ``positions[batch_idx, kv_idx]`` with ``positions = arange(S).expand(B, -1)`` (and a
+    cumsum over it); dropping ``batch_idx`` leaves one index tensor (GATHER). The dropped
+    indices' shapes still broadcast the result: ``grow`` is then the GATHER's own
+    ``(dims, hint)``, broadcast by the caller with an ADD of zeros (static dims only).
+
+    Returns ``(tensor, dims, hint, given, grow)`` of the sliced source; ``tensor`` is None
+    (nothing emitted, ``given`` unchanged) when this does not apply."""
+    unchanged = (None, ctx.dims(x), ctx.shape_hint(x), given, None)
+    shape = list(val(x).shape)
+    repeated = _repeated_dims(x)
+    drop = [d for d, i in given if d in repeated]
+    keep = [(d, i) for d, i in given if d not in drop]
+    if len(keep) != 1 or not drop:
+        return unchanged
+    axis, idx = keep[0]
+    order = sorted(d for d, _ in given)
+    adjacent = order == list(range(order[0], order[-1] + 1))
+    new_axis = axis - sum(1 for d in drop if d < axis)
+    squeezed = [s for d, s in enumerate(shape) if d not in drop]
+    result = squeezed[:new_axis] + list(val(idx).shape) + squeezed[new_axis + 1:]
+    want = list(val(node).shape)
+    if len(result) != len(want) or not (adjacent or new_axis == 0):
+        return unchanged
+    grow = None
+    if not all(_same(a, b) for a, b in zip(result, want)):
+        if not all(_same(a, b) or (_same(a, 1) and isinstance(b, int)) for a, b in zip(result, want)):
+            return unchanged
+        if ctx.dtype(node) == torch.bool:
+            return unchanged
+        grow = ([d if isinstance(d, int) else -1 for d in result],
+                [d if isinstance(d, int) else _hint(d) for d in result])
+    full_dims, full_hint = ctx.dims(x), ctx.shape_hint(x)
+    rank = len(full_dims)
+    dims = [d for i, d in enumerate(full_dims) if i not in drop]
+    hint = [h for i, h in enumerate(full_hint) if i not in drop]
+    out = ctx.new_tensor(dims, ctx.dtype(x), "first", hint)
+    shrink = sum(1 << d for d in drop)
+    ends = [1 if d in drop else 0 for d in range(rank)]
+    ctx.op(BO.STRIDED_SLICE, [ctx.tensor(x), ctx.int_const([0] * rank, "begin"), ctx.int_const(ends, "end"),
+                              ctx.int_const([1] * rank, "strides")], [out],
+           options("StridedSliceOptions", beginMask=0, endMask=((1 << rank) - 1) & ~shrink, shrinkAxisMask=shrink))
+    return out, dims, hint, [(new_axis, idx)], grow
+
+
+def _hint(size: torch.SymInt) -> int:
+    try:
+        return int(size.node.hint) if size.node.hint is not None else 1
+    except Exception:
+        return 1
+
+
+#: ops whose result is the same function of their (one) tensor input at every position
+_ELEMENTWISE = {aten.ne.Scalar, aten.eq.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar,
+                aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.add.Scalar, aten.sub.Scalar,
+                aten.mul.Scalar, aten.neg.default, aten._to_copy.default, aten.to.dtype, aten.clone.default,
+                aten.alias.default}
+
+
+def _repeated_dims(n) -> set:
+    """Dims of ``n`` along which all slices are equal: static size-1 dims, dims an ``expand``
+    repeated, carried through elementwise ops with scalars and along-one-dim ops
+    (slice, cumsum, diff, which may break equality only along their own dim)."""
+    v = val(n)
+    if not isinstance(v, torch.Tensor):
+        return set()
+    rank = v.dim()
+    ones = {d for d, s in enumerate(v.shape) if _same(s, 1)}
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
+        return ones
+    args = n.args
+    if n.target in (aten.expand.default, aten.expand_as.default, aten.broadcast_to.default):
+        src = val(args[0])
+        lead = rank - src.dim()
+        inner = _repeated_dims(args[0])
+        return ones | set(range(lead)) | {d + lead for d, s in enumerate(src.shape) if _same(s, 1)} \
+            | {d + lead for d in inner}
+    tensors = [a for a in args if isinstance(a, torch.fx.Node) and isinstance(val(a), torch.Tensor)]
+    if n.target in _ELEMENTWISE and len(tensors) == 1 and val(tensors[0]).dim() == rank:
+        return ones | _repeated_dims(tensors[0])
+    if n.target in (aten.cumsum.default, aten.slice.Tensor) and val(args[0]).dim() == rank:
+        return ones | (_repeated_dims(args[0]) - {args[1] % rank})
+    if n.target == aten.diff.default:
+        dim = (args[2] if len(args) > 2 else -1) % rank
+        parts = [a for a in args[3:] if isinstance(a, torch.fx.Node)] + [args[0]]
+        if all(val(p).dim() == rank for p in parts):
+            return ones | (set.intersection(*(_repeated_dims(p) for p in parts)) - {dim})
+    return ones
 
 
 #: ops whose (index) result is a position, never negative: (op, tuple element or None)
@@ -60,20 +179,60 @@ _SAME_VALUES = {aten.view.default, aten.reshape.default, aten._unsafe_view.defau
                 aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.select.int}
 
 
-def _never_negative(idx) -> bool:
+#: positions counted up from a start: never negative when the start is not
+_ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+
+
+def _source(idx):
+    """``idx`` with value-preserving moves (views, expands, slices) looked through."""
     idx = look_through(idx)
     while idx.op == "call_function" and idx.target in _SAME_VALUES:
         idx = look_through(idx.args[0])
+    return idx
+
+
+def _first_position(idx) -> int | None:
+    """The first value when ``idx`` is ``arange(start, ...)`` (+ constants) moved around, else None.
+    Its values are then ``first .. first + size - 1``."""
+    idx = _source(idx)
+    if idx.op == "call_function" and idx.target in _ARANGE:
+        start = 0 if idx.target == aten.arange.default else idx.args[0]
+        step = idx.args[2] if idx.target == aten.arange.start_step else 1
+        return start if isinstance(start, int) and step == 1 else None
+    if idx.op == "call_function" and idx.target == aten.add.Tensor and isinstance(idx.args[1], int):
+        first = _first_position(idx.args[0])
+        return None if first is None else first + idx.args[1]
+    return None
+
+
+def _counts_positions(x) -> bool:
+    """``x`` holds positions or counts, so it fits int32: ``arange`` (+ constants) from a
+    small start (its length is a dim's size, bounded by the dim's max), or the ``cumsum``
+    of a bool tensor, moved around."""
+    first = _first_position(x)
+    if first is not None:
+        return abs(first) < 2**30
+    x = _source(x)
+    return (x.op == "call_function" and x.target == aten.cumsum.default
+            and val(x.args[0]).dtype == torch.bool)
+
+
+def _never_negative(idx) -> bool:
+    first = _first_position(idx)
+    if first is not None:
+        return first >= 0
+    idx = _source(idx)
     if idx.op == "call_function" and idx.target is operator.getitem:
         src, i = idx.args
         return (getattr(src, "target", None), i) in _POSITIONS
     return (getattr(idx, "target", None), None) in _POSITIONS
 
 
-def _index(ctx, x, axis, idx):
-    """The index tensor with negative entries wrapped (see the module docstring)."""
-    size = ctx.shape_hint(x)[axis]
-    dynamic = ctx.dims(x)[axis] == -1
+def _index(ctx, x, dims, hint, axis, idx):
+    """The index tensor with negative entries wrapped (see the module docstring); ``dims`` and
+    ``hint`` are those of the indexed tensor (``x`` itself, or ``x`` with repeated dims dropped)."""
+    size = hint[axis]
+    dynamic = dims[axis] == -1
     t = ctx.constant(idx)
     if t is not None:
         if not bool((t < 0).any()):

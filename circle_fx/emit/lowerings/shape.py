@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
 import torch
 
 from ...fx_utils import arguments
 from ..registry import lowering
+from ..types import numpy_dtype
 from ._common import BO, options
 
 aten = torch.ops.aten
@@ -89,6 +91,17 @@ def _expand_dynamic(ctx, node):
         else:
             raise ctx.error(f"expanding dim {d} from {a} to {b} (-1 = dynamic) needs the size at run time, "
                             "which is not supported")
+    if all(m == 1 for m in multiples):  # e.g. mask.expand(b, -1, q, kv) with nothing to repeat:
+        ctx.bind(node, t)  # no op (onert's TILE has no bool/int kernel)
+        return
+    if ctx.dtype(node) != torch.float32:
+        # onert's TILE is float-only ("Tile: unsupported data type" for int32/int64/bool):
+        # broadcast against a zeros (False) constant of the repeated sizes instead
+        dt = ctx.dtype(node)
+        zeros = ctx.const(np.zeros([m for m in multiples], numpy_dtype(dt)), "broadcast")
+        code, opts = (BO.LOGICAL_OR, None) if dt == torch.bool else (BO.ADD, options("AddOptions"))
+        ctx.op(code, [t, zeros], [ctx.output(node)], opts)
+        return
     ctx.op(BO.TILE, [t, ctx.int_const(multiples, "multiples")], [ctx.output(node)])
 
 
