@@ -181,6 +181,11 @@ class LoweringContext:
     def quantization(self, value) -> QuantParams | None:
         return quantization_of(value)
 
+    def annotation(self, node: fx.Node, key: str, default=None):
+        """A choice a pass (or a user) left for the lowering in ``node.meta[key]``, e.g. the
+        forced op form of a linear (``circle_fx.linear_form``)."""
+        return node.meta.get(key, default) if isinstance(node, fx.Node) else default
+
     def tensor_dims(self, index: int) -> list[int]:
         """Dims (-1 dynamic) of a Circle tensor made earlier (e.g. by :meth:`outputs`)."""
         t = self.builder.tensors[index]

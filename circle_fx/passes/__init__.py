@@ -1,8 +1,9 @@
 """Pass infrastructure and the built-in passes.
 
-The default pipeline is ``decompose -> canonicalize -> fold_constants -> dce -> fuse_<family>... -> dce``:
-one fuse pass per registered fusion family (:mod:`circle_fx.fusions`), named ``fuse_<name>``
-(``fuse_rms_norm`` for the built-in RMSNorm family), in registration order.
+The default pipeline is ``decompose -> canonicalize -> fold_constants -> dce -> fuse_<family>... ->
+merge_linears -> fold_views -> dce``: one fuse pass per registered fusion family
+(:mod:`circle_fx.fusions`), named ``fuse_<name>`` (``fuse_rms_norm`` for the built-in RMSNorm
+family), in registration order; then sibling linears merged and reshape/transpose chains folded.
 Users pass their own list to ``circle_fx.export(..., passes=[...])``, or edit a copy of
 the default (:func:`default_pipeline` returns a fresh, editable :class:`Pipeline`).
 After the user pipeline, :func:`finalize_pipeline` always runs (decompose + folding + DCE), because
@@ -17,7 +18,9 @@ from .dce import DeadCodeElimination
 from .decompose import DecomposeComposites
 from .fold_constants import FoldConstants
 from .fuse import FusePatterns, FusionRecord
+from .fold_views import FoldViews
 from .manager import Pipeline, run_passes
+from .merge_linears import MergeLinears
 
 
 def fuse_family(family, record_failures: bool = False) -> FusePatterns:
@@ -38,7 +41,7 @@ def fuse_passes(record_failures: bool = False) -> list[FusePatterns]:
 def default_pipeline() -> Pipeline:
     """A fresh copy of the default pass list; safe to edit."""
     return Pipeline([DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(), *fuse_passes(),
-                     DeadCodeElimination()])
+                     MergeLinears(), FoldViews(), DeadCodeElimination()])
 
 
 def finalize_pipeline() -> Pipeline:
@@ -47,5 +50,6 @@ def finalize_pipeline() -> Pipeline:
 
 
 __all__ = ["Pass", "PassLike", "pass_name", "Canonicalize", "DeadCodeElimination", "DecomposeComposites", "FoldConstants",
-           "FusePatterns", "FusionRecord", "Pipeline", "run_passes", "fuse_family", "fuse_passes", "fuse_rms_norm",
+           "FusePatterns", "FusionRecord", "MergeLinears", "FoldViews", "Pipeline", "run_passes", "fuse_family",
+           "fuse_passes", "fuse_rms_norm",
            "default_pipeline", "finalize_pipeline"]

@@ -1,10 +1,13 @@
-"""Matrix products: ``linear`` -> FULLY_CONNECTED, ``matmul``/``bmm`` -> BATCH_MATMUL,
+"""Matrix products: ``linear`` -> FULLY_CONNECTED, 1x1 CONV_2D or BATCH_MATMUL (whichever
+onert runs fastest, see :mod:`.linear_form`), ``matmul``/``bmm`` -> BATCH_MATMUL,
 ``embedding`` -> GATHER.
 
-FULLY_CONNECTED takes torch's ``[out, in]`` weight as is, so weights need no transpose
-at compile time or run time. onert's FULLY_CONNECTED returns ``[rows, out]`` whatever
-``keep_num_dims`` says and needs a bias slot (-1 when absent), so N-D inputs get a
-RESHAPE after it. Weights that are not constants go through BATCH_MATMUL instead.
+FULLY_CONNECTED and CONV_2D take torch's ``[out, in]`` weight as is (CONV_2D as the same
+bytes viewed ``[out, 1, 1, in]``), so those weights need no transpose at compile time or run
+time; BATCH_MATMUL gets the weight transposed once, at compile time. onert's
+FULLY_CONNECTED returns ``[rows, out]`` whatever ``keep_num_dims`` says and needs a bias
+slot (-1 when absent), so N-D inputs get a RESHAPE after it. Weights that are not
+constants go through BATCH_MATMUL instead.
 """
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ import torch
 
 from ...fx_utils import arguments
 from ..registry import lowering
+from . import linear_form
 from ._common import BO, options
 
 aten = torch.ops.aten
+PADDING_VALID = 1  # circle.Padding.Padding.VALID
 
 
 @lowering(aten.linear.default)
@@ -32,6 +37,13 @@ def linear(ctx, node):
     rows = math.prod(out_hint[:-1])
     # a dynamic dim anywhere before the last makes the row count dynamic
     rows_dim = -1 if -1 in out_dims[:-1] else rows
+    form = _form(ctx, node, w, rows if rows_dim != -1 else None)
+    if form == linear_form.CONV_2D:
+        _linear_conv(ctx, node, x, w, b, rows)
+        return
+    if form == linear_form.BATCH_MATMUL:
+        _linear_batch_matmul(ctx, node, x, w, b)
+        return
     bias = ctx.tensor(b) if b is not None else -1
     if len(out_dims) == 2:
         fc_out = ctx.output(node)
@@ -48,6 +60,37 @@ def linear(ctx, node):
     if len(out_dims) != 2:
         # FULLY_CONNECTED flattens leading dims; restore them (one dynamic dim becomes -1)
         ctx.op(BO.RESHAPE, [fc_out, ctx.shape_operand(node)], [ctx.output(node)])
+
+
+def _form(ctx, node, w, rows):
+    """The op form for this linear: forced by an annotation (static rows only), FULLY_CONNECTED
+    for quantized weights (the only form with a measured hybrid int8 kernel), else
+    :func:`linear_form.choose`."""
+    forced = ctx.annotation(node, linear_form.META_KEY)
+    if forced is not None:
+        if forced not in linear_form.FORMS:
+            raise ctx.error(f"meta[{linear_form.META_KEY!r}] = {forced!r}; expected one of {linear_form.FORMS}")
+        return forced if rows is not None else linear_form.FULLY_CONNECTED
+    if ctx.quantization(w) is not None:
+        return linear_form.FULLY_CONNECTED
+    out_f, in_f = ctx.dims(w, static=True)
+    return linear_form.choose(rows, in_f, out_f)
+
+
+def _linear_conv(ctx, node, x, w, b, rows):
+    """``x`` as ``[1, rows, 1, in]`` through a 1x1 CONV_2D whose filter is the weight's bytes
+    viewed ``[out, 1, 1, in]`` (OHWI; no copy, no transpose); onert needs an explicit bias."""
+    weight = ctx.constant(w).detach()
+    out_f, in_f = weight.shape
+    x4 = ctx.new_tensor([1, rows, 1, in_f], ctx.dtype(x), "in4d")
+    ctx.op(BO.RESHAPE, [ctx.tensor(x), ctx.int_const([1, rows, 1, in_f])], [x4])
+    filt = ctx.const_tensor(weight.reshape(out_f, 1, 1, in_f), w.target)
+    bias = ctx.tensor(b) if b is not None else ctx.const(torch.zeros(out_f, dtype=weight.dtype).numpy(), "zero_bias")
+    y4 = ctx.new_tensor([1, rows, 1, out_f], ctx.dtype(node), "conv")
+    ctx.op(BO.CONV_2D, [x4, filt, bias], [y4],
+           options("Conv2DOptions", padding=PADDING_VALID, strideW=1, strideH=1, dilationWFactor=1,
+                   dilationHFactor=1))
+    ctx.op(BO.RESHAPE, [y4, ctx.shape_operand(node)], [ctx.output(node)])
 
 
 def _linear_batch_matmul(ctx, node, x, w, b):

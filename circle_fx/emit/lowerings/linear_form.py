@@ -1,0 +1,45 @@
+"""Which Circle op form a constant-weight ``linear`` becomes: the one onert runs fastest.
+
+The numbers behind the constants are in ``docs/onert-findings.md`` ("Linear forms"), made by
+``benchmarks/onert_matmul_forms.py`` (one linear, ``x [1, S, in]``, three forms, interleaved):
+
+- FULLY_CONNECTED: onert 0.1.0's kernel is single-threaded; BATCH_MATMUL with the weight
+  pre-transposed runs at the same speed (within noise) for S > 1.
+- CONV_2D (1x1, input ``[1, S, 1, in]``, filter ``[out, 1, 1, in]`` = torch's weight as is,
+  explicit zero bias) is the only multithreaded matmul kernel: with a second core free it is
+  1.5-1.8x faster once there are enough rows, but it pays a fixed cost (two RESHAPEs, thread
+  start-up), so for few rows it is slower than FULLY_CONNECTED (1.4x at S = 1), and when the
+  other core is busy it is at best even.
+
+Dynamic row counts keep FULLY_CONNECTED: it is correct for any row count, and the case
+that varies at run time (decoding one token) is exactly the one CONV_2D loses.
+
+A node may force its form with ``node.meta["circle_fx.linear_form"]`` (one of :data:`FORMS`),
+which tests and ``benchmarks/onert_speed.py`` use. A linear whose weight is quantized
+(``node.meta["circle_fx.quant"]``) keeps FULLY_CONNECTED: that is the only form whose hybrid
+int8 kernel was measured.
+"""
+from __future__ import annotations
+
+FULLY_CONNECTED = "fully_connected"
+CONV_2D = "conv_2d"
+BATCH_MATMUL = "batch_matmul"
+FORMS = (FULLY_CONNECTED, CONV_2D, BATCH_MATMUL)
+
+#: meta key that forces the form of one linear node
+META_KEY = "circle_fx.linear_form"
+
+#: CONV_2D from this many rows (tokens) up; docs/onert-findings.md "Linear forms": at S = 32
+#: CONV/FC was 0.55-0.65 with a free core, at S = 16 about even, at S <= 8 slower.
+CONV_MIN_ROWS = 32
+#: and only when the product is big enough to amortise its fixed cost: rows x in x out MACs.
+CONV_MIN_MACS = 32 * 768 * 768
+
+
+def choose(rows: int | None, in_features: int, out_features: int) -> str:
+    """The form for a linear with ``rows`` rows (None: dynamic) and an ``[out, in]`` weight."""
+    if rows is None:
+        return FULLY_CONNECTED
+    if rows >= CONV_MIN_ROWS and rows * in_features * out_features >= CONV_MIN_MACS:
+        return CONV_2D
+    return FULLY_CONNECTED

@@ -1,0 +1,115 @@
+"""Fold chains of reshapes and of transposes into one op, or none.
+
+Every view-like op (``view``, ``reshape``, ``_unsafe_view``, ``squeeze``, ``unsqueeze``,
+``flatten``, ``unflatten``) becomes one Circle RESHAPE to its output shape, so what it
+reads matters only through its element order, which a reshape never changes:
+
+- ``reshape(reshape(x))`` -> ``reshape(x)``: the outer one reads ``x`` directly (the inner
+  one dies if nothing else reads it); this also covers squeeze/unsqueeze pairs;
+- a reshape to its input's own shape -> nothing;
+- ``permute(permute(x))`` -> one ``permute`` with the composed order, or nothing when the
+  composition is the identity (``transpose`` and ``t`` are permutes too).
+
+One forward sweep, so whole chains collapse; O(nodes). Exact: no value changes, only how
+many times the runtime moves it. Dynamic shapes: a reshape whose target shape is symbolic
+keeps its own shape argument (``view``/``reshape`` only), and shapes are compared
+symbol by symbol.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..fx_utils import make_node, shape_of, static_shape
+from .base import Pass
+
+aten = torch.ops.aten
+
+VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
+            aten.unflatten.int}
+#: view ops whose second argument is the full target shape (symbolic dims allowed)
+_SHAPE_ARG = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+PERMUTE_OPS = {aten.permute.default, aten.transpose.int, aten.t.default}
+
+
+def _is(n, ops) -> bool:
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in ops
+
+
+def _same_shape(a, b) -> bool:
+    sa, sb = shape_of(a), shape_of(b)
+    return sa is not None and sb is not None and [str(d) for d in sa] == [str(d) for d in sb]
+
+
+def permutation(n: fx.Node) -> list[int]:
+    """The permutation a permute/transpose/t node applies (output dim i = input dim perm[i])."""
+    rank = len(shape_of(n.args[0]))
+    if n.target is aten.permute.default:
+        return [d % rank for d in n.args[1]]
+    perm = list(range(rank))
+    if n.target is aten.t.default:
+        return perm[::-1]
+    a, b = n.args[1] % rank, n.args[2] % rank
+    perm[a], perm[b] = perm[b], perm[a]
+    return perm
+
+
+class FoldViews(Pass):
+    name = "fold_views"
+
+    def run(self, program) -> bool:
+        g = program.gm.graph
+        changed = False
+        for n in list(g.nodes):
+            if getattr(n, "_erased", False):
+                continue
+            if _is(n, VIEW_OPS):
+                new = self._fold_reshape(g, n)
+            elif _is(n, PERMUTE_OPS):
+                new = self._fold_permute(g, n)
+            else:
+                continue
+            if new is None:
+                continue
+            n.replace_all_uses_with(new)
+            g.erase_node(n)
+            src = n.args[0]
+            if _is(src, VIEW_OPS | PERMUTE_OPS) and not src.users:
+                g.erase_node(src)  # the inner op of a chain, read by nobody else now
+            changed = True
+        return changed
+
+    @staticmethod
+    def _fold_reshape(g: fx.Graph, n: fx.Node):
+        src = n.args[0]
+        while _is(src, VIEW_OPS):
+            src = src.args[0]
+        if _same_shape(src, n):
+            return src
+        if src is n.args[0]:
+            return None
+        if n.target in _SHAPE_ARG:
+            shape = n.args[1]
+        else:
+            shape = static_shape(n)
+            if shape is None:
+                return None
+            shape = list(shape)
+        with g.inserting_before(n):
+            return make_node(g, aten.reshape.default, (src, shape), like=n)
+
+    @staticmethod
+    def _fold_permute(g: fx.Graph, n: fx.Node):
+        perm = permutation(n)
+        src = n.args[0]
+        while _is(src, PERMUTE_OPS):
+            inner = permutation(src)
+            perm = [inner[p] for p in perm]
+            src = src.args[0]
+        if perm == list(range(len(perm))):
+            return src
+        if src is n.args[0]:
+            return None
+        with g.inserting_before(n):
+            return make_node(g, aten.permute.default, (src, perm), like=n)

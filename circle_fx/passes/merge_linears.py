@@ -1,0 +1,117 @@
+"""Horizontal fusion: sibling linears that read the same input become one linear + split.
+
+Attention's q/k/v projections and the MLP's gate/up projections all multiply the same
+activation. One ``[rows, in] x [in, out_q + out_k + out_v]`` product instead of three
+reads the activation once and gives the runtime one larger GEMM (measured in
+``docs/onert-findings.md``, "Linear forms"). The result is split back along the last dim
+with ``aten.split_with_sizes``, which the emitter lowers to SPLIT (equal pieces) or one
+SLICE per piece — never SPLIT_V, which onert 0.1.0 computes as zeros.
+
+A group is merged when every member is ``aten.linear(x, W_i[, b_i])`` on the *same* node
+``x`` with constant weights of one dtype, and either no member has a bias or all have
+constant ones. The merge happens on the weight constants at FX level (``torch.cat`` along
+the output dim, at compile time), before the emitter chooses the op form or quantizes:
+
+- per-output-channel quantization (one scale per row of ``W``) computed later on the merged
+  weight gives exactly the concatenation of the members' per-channel scales, so the int8
+  path sees the same numbers as without merging;
+- circle_fx metadata on the weights or linears (for example a quantization marker other
+  passes put in ``node.meta``) must be equal across a group, and is carried over to the
+  merged nodes; members with different markers are left alone.
+
+Turn it off with ``pipeline.remove_pass("merge_linears")``. O(nodes + merged weight bytes).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..fx_utils import arguments, dtype_of, fake_mode_of, make_node
+from ..program import add_constant, fetch_attr
+from .base import Pass
+
+aten = torch.ops.aten
+
+#: meta keys torch.export and FX own; every other key is treated as a user/pass marker
+_FX_META = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn",
+                      "from_node", "seq_nr", "original_aten", "example_value", "unbacked_bindings",
+                      "is_torch_fn", "partitioner_tag", "custom", "autograd_backward_hook",
+                      "source_node", "grapharg"})
+
+
+def markers(node: fx.Node) -> dict:
+    """The metadata of ``node`` that is not FX's own (for example quantization markers)."""
+    return {k: v for k, v in node.meta.items() if k not in _FX_META}
+
+
+def _marker_key(node: fx.Node) -> str:
+    return repr(sorted(markers(node).items(), key=lambda kv: kv[0]))
+
+
+def _candidate(n: fx.Node):
+    """``(x, weight, bias)`` when ``n`` is a linear this pass may merge, else None."""
+    if n.op != "call_function" or n.target is not aten.linear.default:
+        return None
+    x, w, b = (arguments(n) + [None])[:3]
+    if not isinstance(x, fx.Node) or not isinstance(w, fx.Node) or w.op != "get_attr":
+        return None
+    if b is not None and (not isinstance(b, fx.Node) or b.op != "get_attr"):
+        return None
+    v = w.meta.get("val")
+    if v is None or len(v.shape) != 2:
+        return None
+    return x, w, b
+
+
+class MergeLinears(Pass):
+    name = "merge_linears"
+
+    def run(self, program) -> bool:
+        gm = program.gm
+        groups: dict[tuple, list] = {}
+        for n in gm.graph.nodes:
+            c = _candidate(n)
+            if c is None:
+                continue
+            x, w, b = c
+            key = (x, dtype_of(w), b is None, b is not None and dtype_of(b), _marker_key(w),
+                   _marker_key(b) if b is not None else "", _marker_key(n))
+            groups.setdefault(key, []).append((n, w, b))
+        changed = False
+        for members in groups.values():
+            if len(members) >= 2:
+                self._merge(gm, members)
+                changed = True
+        return changed
+
+    @staticmethod
+    def _merge(gm: fx.GraphModule, members: list) -> None:
+        g = gm.graph
+        first, w0, b0 = members[0]
+        x = first.args[0]
+        weights = [fetch_attr(gm, w.target).detach() for _, w, _ in members]
+        sizes = [int(t.shape[0]) for t in weights]
+        hint = "_".join(w.target.replace(".", "_") for _, w, _ in members[:1]) + f"_merged{len(members)}"
+        with g.inserting_before(first):
+            w_node = _constant(g, gm, torch.cat(weights, 0), hint, w0)
+            args = (x, w_node)
+            if b0 is not None:
+                biases = [fetch_attr(gm, b.target).detach() for _, _, b in members]
+                args += (_constant(g, gm, torch.cat(biases, 0), hint + "_bias", b0),)
+            merged = make_node(g, aten.linear.default, args, like=first)
+            merged.meta.update(markers(first))
+            split = make_node(g, aten.split_with_sizes.default, (merged, sizes, -1), like=first)
+            pieces = [make_node(g, operator.getitem, (split, i), like=n) for i, (n, _, _) in enumerate(members)]
+        for (n, _, _), piece in zip(members, pieces):
+            n.replace_all_uses_with(piece)
+            g.erase_node(n)
+
+
+def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, like: fx.Node) -> fx.Node:
+    node = g.get_attr(add_constant(gm, tensor.contiguous(), hint))
+    node.meta.update(markers(like))
+    mode = fake_mode_of(g)  # a fake value with static dims, like the captured weights'
+    node.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
+    return node
