@@ -14,7 +14,7 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
   reductions keep their input's type;
 - shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
-  reductions, STRIDED_SLICE, PAD, ARG_MAX). Dynamic dims (``-1`` in ``shape_signature``) match anything;
+  reductions, STRIDED_SLICE, PAD, ARG_MAX, CONV_2D, SPLIT). Dynamic dims (``-1`` in ``shape_signature``) match anything;
 - signatures: names present and unique, pointing at exactly the graph inputs/outputs.
 
 All problems are collected and raised together as one :class:`VerifyError`.
@@ -617,3 +617,55 @@ _RULES.update({BO.RMS_NORM: _rms_norm, BO.FULLY_CONNECTED: _fully_connected,
 def has_rule(code: int) -> bool:
     """Whether :func:`verify` checks the shapes of operators with builtin ``code``."""
     return code in _RULES
+
+
+def _conv_2d(c: _Checker, op: OperatorView):
+    """NHWC input, OHWI filter, bias [O] (onert needs it); output [N, H', W', O]."""
+    if len(op.inputs) != 3 or op.inputs[2] < 0:
+        return f"has {len(op.inputs)} inputs / no bias; onert's CONV_2D needs input, filter and bias"
+    x, f, b = c.dims(op.inputs[0]), c.dims(op.inputs[1]), c.dims(op.inputs[2])
+    if len(x) != 4 or len(f) != 4:
+        return f"input {_fmt(x)} and filter {_fmt(f)} must be 4-D (NHWC, OHWI)"
+    if not _same(x[3], f[3]):
+        return f"input channels {x[3]} != filter in-channels {f[3]}"
+    if len(b) != 1 or not _same(b[0], f[0]):
+        return f"bias shape {_fmt(b)} should be [{f[0]}]"
+    o = c.options(op, "Conv2DOptions")
+    sh, sw, dh, dw = o.StrideH(), o.StrideW(), o.DilationHFactor(), o.DilationWFactor()
+    if min(sh, sw, dh, dw) < 1:
+        return f"strides {sh}x{sw} / dilations {dh}x{dw} must be >= 1"
+    same = o.Padding() == circle.Padding.Padding.SAME
+
+    def out(size, k, s, d):
+        if size is None or k is None:
+            return None
+        return -(-size // s) if same else (size - (k - 1) * d - 1) // s + 1
+
+    return _expect(c.dims(op.outputs[0]), [x[0], out(x[1], f[1], sh, dh), out(x[2], f[2], sw, dw), f[0]])
+
+
+def _split(c: _Checker, op: OperatorView):
+    """inputs (axis, x); ``numSplits`` equal pieces along the axis."""
+    axis = c.const_ints(op.inputs[0])
+    if axis is None:
+        raise _Skip()
+    x = c.dims(op.inputs[1])
+    n = c.options(op, "SplitOptions").NumSplits()
+    if n != len(op.outputs):
+        return f"numSplits {n} != {len(op.outputs)} outputs"
+    a = axis[0]
+    if not -len(x) <= a < len(x):
+        return f"axis {a} out of range for rank {len(x)}"
+    a %= len(x)
+    if x[a] is not None and x[a] % n:
+        return f"dim {a} of size {x[a]} does not split into {n} equal pieces"
+    want = list(x)
+    want[a] = None if x[a] is None else x[a] // n
+    for k, t in enumerate(op.outputs):
+        msg = _expect(c.dims(t), want)
+        if msg:
+            return f"output {k}: {msg}"
+    return None
+
+
+_RULES.update({BO.CONV_2D: _conv_2d, BO.SPLIT: _split})

@@ -16,6 +16,7 @@ from ..source import op_name, source_line
 from ..transformers_compat import remedies
 from .builder import BO, ModelBuilder
 from .context import LoweringContext
+from .peephole import META_KEY as PEEPHOLE_KEY, simplify
 from .registry import lowering_for
 from .types import TORCH_TO_CIRCLE
 
@@ -110,6 +111,9 @@ def emit(program: Program, progress=None) -> ModelBuilder:
                 f"{type(e).__name__}: {e}", [(op_name(n.target), n.name, source_line(n))]) from e
     ctx.node = None
     outs = graph.output_node().args[0]
+    protected = set(mb.inputs) | {ctx.values[v] for v in outs if isinstance(ctx.values.get(v), int)}
+    if program.gm.meta.get(PEEPHOLE_KEY, True):
+        simplify(mb, protected)
     consumed = {i for op in mb.operators for i in op.inputs}
     for value, name in zip(outs, program.output_names):
         if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):

@@ -3,8 +3,8 @@
 Attention's q/k/v projections and the MLP's gate/up projections all multiply the same
 activation. One ``[rows, in] x [in, out_q + out_k + out_v]`` product instead of three
 reads the activation once and gives the runtime one larger GEMM (measured in
-``docs/onert-findings.md``, "Linear forms"). The result is split back along the last dim
-with ``aten.split_with_sizes``, which the emitter lowers to SPLIT (equal pieces) or one
+``docs/onert-findings.md``, "Linear forms"). The ``[rows, out]`` product (FULLY_CONNECTED's own
+output; static shapes) is split back along the last dim with ``aten.split_with_sizes``, which the emitter lowers to SPLIT (equal pieces) or one
 SLICE per piece — never SPLIT_V, which onert 0.1.0 computes as zeros.
 
 A group is merged when every member is ``aten.linear(x, W_i[, b_i])`` on the *same* node
@@ -23,12 +23,13 @@ Turn it off with ``pipeline.remove_pass("merge_linears")``. O(nodes + merged wei
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
 import torch.fx as fx
 
-from ..fx_utils import arguments, dtype_of, fake_mode_of, make_node
+from ..fx_utils import arguments, dtype_of, fake_mode_of, make_node, static_shape
 from ..program import add_constant, fetch_attr
 from .base import Pass
 
@@ -102,8 +103,16 @@ class MergeLinears(Pass):
                 args += (_constant(g, gm, torch.cat(biases, 0), hint + "_bias", b0),)
             merged = make_node(g, aten.linear.default, args, like=first)
             merged.meta.update(markers(first))
+            shape = static_shape(merged)
+            flat = len(shape) > 2 if shape is not None else False
+            if flat:  # split the [rows, out] product the runtime computes, not its N-D view
+                merged = make_node(g, aten.reshape.default, (merged, [math.prod(shape[:-1]), shape[-1]]),
+                                   like=first)
             split = make_node(g, aten.split_with_sizes.default, (merged, sizes, -1), like=first)
             pieces = [make_node(g, operator.getitem, (split, i), like=n) for i, (n, _, _) in enumerate(members)]
+            if flat:
+                pieces = [make_node(g, aten.reshape.default, (p, list(static_shape(n))), like=n)
+                          for p, (n, _, _) in zip(pieces, members)]
         for (n, _, _), piece in zip(members, pieces):
             n.replace_all_uses_with(piece)
             g.erase_node(n)
