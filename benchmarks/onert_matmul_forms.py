@@ -8,7 +8,8 @@ RESHAPEs are part of the price, exactly as circle_fx emits them:
 - ``CONV``: RESHAPE [1,S,1,in] -> CONV_2D(filter W as [out,1,1,in], zero bias) -> RESHAPE
 - ``BMM``:  BATCH_MATMUL(x, W^T [in,out])
 
-and times them interleaved (FC, CONV, BMM, FC, ...), median of ``--runs``. The table it
+and times them interleaved (FC, CONV, BMM, FC, ...): median of ``--runs``, and the ratio
+of the minima (the best case on a shared machine: closest to an idle one). The table it
 prints is what ``docs/onert-findings.md`` records and what ``circle_fx/emit/lowerings/
 linear_form.py`` encodes as constants.
 
@@ -72,7 +73,7 @@ def measure(S: int, cin: int, cout: int, runs: int, forms=("FC", "CONV", "BMM"))
     w = (rng.standard_normal((cout, cin)) / np.sqrt(cin)).astype(np.float32)
     x = rng.standard_normal((1, S, cin)).astype(np.float32)
     ref = x.reshape(S, cin) @ w.T
-    sessions, times, errs = {}, {f: [] for f in forms}, {}
+    sessions, times, cpu, errs = {}, {f: [] for f in forms}, {f: 0.0 for f in forms}, {}
     with tempfile.TemporaryDirectory() as d:
         for f in forms:
             p = os.path.join(d, f"{f}.circle")
@@ -84,10 +85,11 @@ def measure(S: int, cin: int, cout: int, runs: int, forms=("FC", "CONV", "BMM"))
             sessions[f].infer([x])
         for _ in range(runs):
             for f in forms:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 sessions[f].infer([x])
                 times[f].append(time.perf_counter() - t)
-    return {f: (statistics.median(times[f]), errs[f]) for f in forms}
+                cpu[f] += time.process_time() - c
+    return {f: (statistics.median(times[f]), errs[f], cpu[f] / sum(times[f]), min(times[f])) for f in forms}
 
 
 def main(argv=None) -> int:
@@ -100,18 +102,21 @@ def main(argv=None) -> int:
     os.environ.setdefault("USE_MMAPED_DATA", "1")
     rows = [int(s) for s in args.rows.split(",")]
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
-    print(f"onert CPU backend, {os.cpu_count()} CPUs, median of {args.runs} interleaved runs; ms per call "
-          "(ratio to FC); max|err| vs numpy")
-    print(f"{'in x out':>12}{'S':>5}{'FC ms':>9}{'CONV ms':>9}{'BMM ms':>9}{'CONV/FC':>9}{'BMM/FC':>8}  best  max|err|")
+    print(f"onert CPU backend, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f}), median of {args.runs} "
+          "interleaved runs; ms per call (ratio to FC); max|err| vs numpy; process CPU time / wall time")
+    print(f"{'in x out':>12}{'S':>5}{'FC ms':>9}{'CONV ms':>9}{'BMM ms':>9}{'CONV/FC':>9}{'BMM/FC':>8}  best  max|err|"
+          "  cpu/wall FC CONV  min-ratio CONV/FC BMM/FC")
     for cin, cout in sizes:
         for S in rows:
             runs = args.runs if cout * cin * S < 768 * 32000 * 64 else max(3, args.runs // 2)
             r = measure(S, cin, cout, runs)
             fc, conv, bmm = (r[f][0] * 1e3 for f in ("FC", "CONV", "BMM"))
             best = min(r, key=lambda f: r[f][0])
-            err = max(e for _, e in r.values())
+            err = max(e for _, e, _, _ in r.values())
             print(f"{cin:>5} x {cout:<5}{S:>5}{fc:>9.2f}{conv:>9.2f}{bmm:>9.2f}{conv / fc:>9.2f}{bmm / fc:>8.2f}"
-                  f"  {best:<5} {err:.1e}", flush=True)
+                  f"  {best:<5} {err:.1e}  {r['FC'][2]:>8.2f} {r['CONV'][2]:.2f}"
+                  f"  {r['CONV'][3] / r['FC'][3]:>13.2f} {r['BMM'][3] / r['FC'][3]:>6.2f}", flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
 

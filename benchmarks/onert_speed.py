@@ -51,8 +51,9 @@ def build(layers: int, seq: int):
     return model, ids
 
 
-def today_pipeline():
-    """The pipeline and emitter choices circle_fx had before issue 12."""
+def today_pipeline(fold: bool = False):
+    """The pipeline and emitter choices circle_fx had before issue 12 (``fold``: plus the
+    reshape/transpose folding, for the op count alone)."""
     import torch
 
     import circle_fx
@@ -60,13 +61,15 @@ def today_pipeline():
     from circle_fx.emit.peephole import META_KEY
 
     def fully_connected_only(program) -> bool:
-        program.gm.meta[META_KEY] = False
+        program.gm.meta[META_KEY] = fold
         for n in program.graph.nodes:
             if n.op == "call_function" and n.target is torch.ops.aten.linear.default:
                 n.meta[linear_form.META_KEY] = linear_form.FULLY_CONNECTED
         return False
 
-    pipe = circle_fx.default_pipeline().remove_pass("merge_linears").remove_pass("fold_views")
+    pipe = circle_fx.default_pipeline().remove_pass("merge_linears")
+    if not fold:
+        pipe.remove_pass("fold_views")
     pipe.append(fully_connected_only)
     return pipe
 
@@ -83,10 +86,11 @@ def child_export(args) -> dict:
         np.save(os.path.join(args.dir, "ref.npy"), model(ids).logits.numpy())
     np.save(os.path.join(args.dir, "ids.npy"), ids.numpy())
     out = {}
-    for name, passes in (("today", today_pipeline()), ("new", None)):
+    for name, passes in (("today", today_pipeline()), ("new", None), ("fold_only", today_pipeline(fold=True))):
         t = time.perf_counter()
         cm = circle_fx.export(model, (ids,), passes=passes)
-        cm.save(os.path.join(args.dir, f"{name}.circle"))
+        if name != "fold_only":
+            cm.save(os.path.join(args.dir, f"{name}.circle"))
         out[name] = {"ops": dict(cm.op_histogram()), "export_s": time.perf_counter() - t}
         del cm
     return out
@@ -217,6 +221,10 @@ def main(argv=None) -> int:
           f"{new['min'] / today['min']:>11.3f}")
     ops_t, ops_n = sum(ex["today"]["ops"].values()), sum(ex["new"]["ops"].values())
     print(f"{'operators':<30}{ops_t:>12}{ops_n:>12}{ops_n / ops_t:>11.3f}")
+    ops_f = sum(ex["fold_only"]["ops"].values())
+    print(f"{'  today + folding only':<30}{ops_t:>12}{ops_f:>12}{ops_f / ops_t:>11.3f}   "
+          f"(RESHAPE {ex['today']['ops'].get('RESHAPE', 0)} -> {ex['fold_only']['ops'].get('RESHAPE', 0)}, "
+          f"TRANSPOSE {ex['today']['ops'].get('TRANSPOSE', 0)} -> {ex['fold_only']['ops'].get('TRANSPOSE', 0)})")
     print(f"{'max|logits - eager|':<30}{today['max_abs_diff']:>12.1e}{new['max_abs_diff']:>12.1e}")
     print(f"\nper op type (onert trace, median of {args.trace_runs} traced runs; the tracer slows multithreaded "
           "kernels, compare shares):")
