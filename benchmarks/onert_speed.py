@@ -230,7 +230,8 @@ def main(argv=None) -> int:
           "kernels, compare shares):")
     print(f"  {'op':<18}{'today ms':>10}{'share':>8}{'count':>7}{'new ms':>10}{'share':>8}{'count':>7}")
     tot_t, tot_n = sum(traces["today"].values()), sum(traces["new"].values())
-    names = {"FullyConnected": "FULLY_CONNECTED", "Conv2D": "CONV_2D", "BatchMatMul": "BATCH_MATMUL"}
+    names = {"FullyConnected": "FULLY_CONNECTED", "Conv2D": "CONV_2D", "BatchMatMul": "BATCH_MATMUL",
+             "Concat": "CONCATENATION"}
     for op in sorted(set(traces["today"]) | set(traces["new"]),
                      key=lambda k: -max(traces["today"].get(k, 0), traces["new"].get(k, 0))):
         circle_name = names.get(op, re.sub(r"(?<!^)(?=[A-Z])", "_", op).upper())

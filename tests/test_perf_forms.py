@@ -159,7 +159,8 @@ def test_each_linear_form_runs_in_onert_and_matches_eager(form, bias):
 def test_automatic_form_follows_the_measured_crossover():
     C = linear_form
     assert C.choose(None, 768, 768) == C.FULLY_CONNECTED  # dynamic rows: correct for any count
-    assert C.choose(1, 768, 32000) == C.FULLY_CONNECTED  # decode: CONV_2D loses at S = 1
+    assert C.choose(1, 768, 2048) == C.FULLY_CONNECTED  # decode: CONV_2D loses at S = 1
+    assert C.choose(1, 768, C.CONV_MIN_OUT_FEATURES) == C.CONV_2D  # ... except on a vocabulary-wide weight
     assert C.choose(C.CONV_MIN_ROWS - 1, 768, 2048) == C.FULLY_CONNECTED
     assert C.choose(C.CONV_MIN_ROWS, 768, 2048) == C.CONV_2D
     assert C.choose(128, 8, 8) == C.FULLY_CONNECTED  # too small to pay CONV_2D's fixed cost

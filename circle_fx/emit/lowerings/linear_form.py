@@ -8,8 +8,9 @@ The numbers behind the constants are in ``docs/onert-findings.md`` ("Linear form
 - CONV_2D (1x1, input ``[1, S, 1, in]``, filter ``[out, 1, 1, in]`` = torch's weight as is,
   explicit zero bias) is the only multithreaded matmul kernel: with a second core free it is
   1.5-1.8x faster once there are enough rows, but it pays a fixed cost (two RESHAPEs, thread
-  start-up), so for few rows it is slower than FULLY_CONNECTED (1.4x at S = 1), and when the
-  other core is busy it is at best even.
+  start-up), so for few rows it is slower than FULLY_CONNECTED (1.3-1.5x at S = 1 for
+  768 x 768 .. 2048 x 768), and when the other core is busy it is at best even -- except
+  for very wide weights (the LM head), where it wins at every row count.
 
 Dynamic row counts keep FULLY_CONNECTED: it is correct for any row count, and the case
 that varies at run time (decoding one token) is exactly the one CONV_2D loses.
@@ -29,17 +30,23 @@ FORMS = (FULLY_CONNECTED, CONV_2D, BATCH_MATMUL)
 #: meta key that forces the form of one linear node
 META_KEY = "circle_fx.linear_form"
 
-#: CONV_2D from this many rows (tokens) up; docs/onert-findings.md "Linear forms": at S = 32
-#: CONV/FC was 0.55-0.65 with a free core, at S = 16 about even, at S <= 8 slower.
+#: CONV_2D from this many rows (tokens) up (docs/onert-findings.md "Linear forms": whole
+#: 125M model at S = 128 0.67x with a free core; one linear at S <= 16 1.3-2x slower)
 CONV_MIN_ROWS = 32
-#: and only when the product is big enough to amortise its fixed cost: rows x in x out MACs.
+#: ... when the product is big enough to amortise its fixed cost: rows x in x out MACs
 CONV_MIN_MACS = 32 * 768 * 768
+#: A weight this wide (a vocabulary projection) is faster as CONV_2D at any row count:
+#: 768 x 32000 at S = 1..32 ran at 0.36-0.91x FULLY_CONNECTED's time in every sweep, even
+#: with no core free (FULLY_CONNECTED streams the whole weight once per few rows).
+CONV_MIN_OUT_FEATURES = 16384
 
 
 def choose(rows: int | None, in_features: int, out_features: int) -> str:
     """The form for a linear with ``rows`` rows (None: dynamic) and an ``[out, in]`` weight."""
     if rows is None:
         return FULLY_CONNECTED
+    if out_features >= CONV_MIN_OUT_FEATURES:
+        return CONV_2D
     if rows >= CONV_MIN_ROWS and rows * in_features * out_features >= CONV_MIN_MACS:
         return CONV_2D
     return FULLY_CONNECTED
