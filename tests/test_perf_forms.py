@@ -222,3 +222,18 @@ def test_peephole_feeds_transposed_operand_to_batch_matmul_directly():
     q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8)
     cm = assert_onert_matches_eager(mod, (q, k), rtol=0, atol=1e-6)
     assert cm.op_histogram()["TRANSPOSE"] == 0 and cm.op_histogram()["BATCH_MATMUL"] == 1
+
+
+def test_fold_views_turns_repeat_kv_into_one_gather():
+    """transformers' repeat_kv (unsqueeze, expand, reshape) -> one GATHER with an interleaved index."""
+    def repeat_kv(k):
+        b, h, s, d = k.shape
+        return k[:, :, None, :, :].expand(b, h, 3, s, d).reshape(b, h * 3, s, d) * 2
+
+    torch.manual_seed(0)
+    k = torch.randn(1, 2, 5, 4)
+    cm = assert_onert_matches_eager(Fn(repeat_kv), (k,), rtol=0, atol=0)
+    hist = cm.op_histogram()
+    assert hist["GATHER"] == 1 and hist["BROADCAST_TO"] == 0 and hist["RESHAPE"] == 0, dict(hist)
+    off = circle_fx.export(Fn(repeat_kv), (k,), passes=circle_fx.default_pipeline().remove_pass("fold_views"))
+    assert off.op_histogram()["BROADCAST_TO"] == 1 and sum(off.op_histogram().values()) > sum(hist.values())

@@ -8,7 +8,10 @@ reads matters only through its element order, which a reshape never changes:
   one dies if nothing else reads it); this also covers squeeze/unsqueeze pairs;
 - a reshape to its input's own shape -> nothing;
 - ``permute(permute(x))`` -> one ``permute`` with the composed order, or nothing when the
-  composition is the identity (``transpose`` and ``t`` are permutes too).
+  composition is the identity (``transpose`` and ``t`` are permutes too);
+- ``reshape(expand(unsqueeze(x, d)))`` that repeats each slice of dim ``d - 1`` ``r`` times
+  (transformers' ``repeat_kv`` for grouped-query attention: RESHAPE, BROADCAST_TO, RESHAPE)
+  -> one ``index_select(x, d - 1, [0,..,0, 1,..,1, ...])``, a single GATHER (static shapes).
 
 One forward sweep, so whole chains collapse; O(nodes). Exact: no value changes, only how
 many times the runtime moves it. Dynamic shapes: a reshape whose target shape is symbolic
@@ -20,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..fx_utils import make_node, shape_of, static_shape
+from ..fx_utils import fake_mode_of, make_node, shape_of, static_shape
+from ..program import add_constant
 from .base import Pass
 
 aten = torch.ops.aten
@@ -65,7 +69,7 @@ class FoldViews(Pass):
             if getattr(n, "_erased", False):
                 continue
             if _is(n, VIEW_OPS):
-                new = self._fold_reshape(g, n)
+                new = self._fold_reshape(g, n) or self._repeat_interleave(program, g, n)
             elif _is(n, PERMUTE_OPS):
                 new = self._fold_permute(g, n)
             else:
@@ -75,10 +79,35 @@ class FoldViews(Pass):
             n.replace_all_uses_with(new)
             g.erase_node(n)
             src = n.args[0]
-            if _is(src, VIEW_OPS | PERMUTE_OPS) and not src.users:
-                g.erase_node(src)  # the inner op of a chain, read by nobody else now
+            while _is(src, VIEW_OPS | PERMUTE_OPS | {aten.expand.default}) and not src.users:
+                nxt = src.args[0]
+                g.erase_node(src)  # the inner ops of a chain, read by nobody else now
+                src = nxt
             changed = True
         return changed
+
+    @staticmethod
+    def _repeat_interleave(program, g: fx.Graph, n: fx.Node):
+        e = n.args[0]
+        if not (_is(e, {aten.expand.default}) and len(e.users) == 1 and _is(e.args[0], VIEW_OPS)):
+            return None
+        u = e.args[0]
+        x = u.args[0]
+        xs, us, es, ns = (static_shape(v) for v in (x, u, e, n))
+        if None in (xs, us, es, ns) or len(us) != len(xs) + 1:
+            return None
+        d = next((k for k in range(len(us)) if list(us[:k]) + list(us[k + 1:]) == list(xs) and us[k] == 1), None)
+        if not d:  # no unit dim inserted, or at 0 (nothing to interleave with)
+            return None
+        r = es[d]
+        if list(es[:d]) + list(es[d + 1:]) != list(xs) or list(ns) != list(xs[:d - 1]) + [xs[d - 1] * r] + list(xs[d:]):
+            return None
+        index = torch.arange(xs[d - 1]).repeat_interleave(r)
+        with g.inserting_before(n):
+            idx = g.get_attr(add_constant(program.gm, index, f"{n.name}_repeat_index"))
+            mode = fake_mode_of(g)
+            idx.meta["val"] = mode.from_tensor(index, static_shapes=True) if mode is not None else index
+            return make_node(g, aten.index_select.default, (x, d - 1, idx), like=n)
 
     @staticmethod
     def _fold_reshape(g: fx.Graph, n: fx.Node):
