@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 
 from circle_fx.emit.builder import BO, ModelBuilder  # noqa: E402
 from circle_fx.emit.lowerings._common import options  # noqa: E402
-from circle_fx.emit.types import NUMPY_TO_CIRCLE  # noqa: E402
+from circle_fx.circle.schema import NUMPY_TO_CIRCLE  # noqa: E402
 from circle_fx.emit.writer import serialize  # noqa: E402
 
 F32 = NUMPY_TO_CIRCLE[np.dtype(np.float32)]

@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import circle_fx
 from circle_fx.emit.lowerings import linear_form
 from circle_fx.passes import FoldViews, MergeLinears, run_passes
-from circle_fx.reader import read_circle
+from circle_fx.circle.reader import read_circle
 
 from onert_eager import Fn, assert_onert_matches_eager
 
