@@ -237,3 +237,37 @@ def test_fold_views_turns_repeat_kv_into_one_gather():
     assert hist["GATHER"] == 1 and hist["BROADCAST_TO"] == 0 and hist["RESHAPE"] == 0, dict(hist)
     off = circle_fx.export(Fn(repeat_kv), (k,), passes=circle_fx.default_pipeline().remove_pass("fold_views"))
     assert off.op_histogram()["BROADCAST_TO"] == 1 and sum(off.op_histogram().values()) > sum(hist.values())
+
+
+def test_merge_linears_concatenates_per_channel_quantization():
+    """A quantization pass that ran first: per-output-channel scales concatenate in member
+    order; per-tensor scales merge only when equal."""
+    from circle_fx.circle.schema import QuantParams
+    from circle_fx.emit.context import QUANT_META
+
+    torch.manual_seed(0)
+    m = torch.nn.ModuleDict({k: torch.nn.Linear(8, n, bias=False) for k, n in (("q", 4), ("k", 2), ("v", 2))})
+    mod = Fn(lambda x: (m["q"](x), m["k"](x), m["v"](x)))
+    mod.m = m
+    x = torch.randn(1, 3, 8)
+
+    def scales(w):
+        return tuple((w.abs().amax(1) / 127).tolist())
+
+    program = circle_fx.capture(mod, (x,))
+    for n in _linears(program):
+        w = program.constant(n.args[1])
+        n.args[1].meta[QUANT_META] = QuantParams(scales(w), (0,) * w.shape[0], axis=0)
+    MergeLinears()(program)
+    (merged,) = _linears(program)
+    q = merged.args[1].meta[QUANT_META]
+    stacked = torch.cat([m["q"].weight, m["k"].weight, m["v"].weight]).detach()
+    assert q == QuantParams(scales(stacked), (0,) * 8, axis=0)  # == quantizing the merged weight per row
+
+    program = circle_fx.capture(mod, (x,))
+    for n, s in zip(_linears(program), (0.1, 0.1, 0.2)):
+        n.args[1].meta[QUANT_META] = QuantParams((s,), (0,))
+    MergeLinears()(program)
+    lin = _linears(program)
+    assert sorted(int(n.meta["val"].shape[-1]) for n in lin) == [2, 6]  # q+k share scale 0.1, v alone
+    assert next(n for n in lin if n.meta["val"].shape[-1] == 6).args[1].meta[QUANT_META] == QuantParams((0.1,), (0,))

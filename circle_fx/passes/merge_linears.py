@@ -15,9 +15,13 @@ the output dim, at compile time), before the emitter chooses the op form or quan
 - per-output-channel quantization (one scale per row of ``W``) computed later on the merged
   weight gives exactly the concatenation of the members' per-channel scales, so the int8
   path sees the same numbers as without merging;
-- circle_fx metadata on the weights or linears (for example a quantization marker other
-  passes put in ``node.meta``) must be equal across a group, and is carried over to the
-  merged nodes; members with different markers are left alone.
+- when a quantization pass ran first and attached :class:`QuantParams` to the weights
+  (``node.meta["circle_fx.quant"]``), per-output-channel parameters (axis 0) are concatenated
+  in member order, which is exactly what the merged weight's rows need; per-tensor
+  parameters merge only when equal (a shared scale); anything else is left unmerged;
+- any other metadata on the weights or linears (markers of other passes in ``node.meta``)
+  must be equal across a group, and is carried over to the merged nodes; members with
+  different markers are left alone.
 
 Turn it off with ``pipeline.remove_pass("merge_linears")``. O(nodes + merged weight bytes).
 """
@@ -29,6 +33,8 @@ import operator
 import torch
 import torch.fx as fx
 
+from ..circle.schema import QuantParams
+from ..emit.context import QUANT_META
 from ..fx_utils import arguments, dtype_of, fake_mode_of, make_node, static_shape
 from ..program import add_constant, fetch_attr
 from .base import Pass
@@ -48,7 +54,34 @@ def markers(node: fx.Node) -> dict:
 
 
 def _marker_key(node: fx.Node) -> str:
-    return repr(sorted(markers(node).items(), key=lambda kv: kv[0]))
+    """What must agree across a group: every marker, and of the quantization only its kind
+    (per-channel parameters differ per member and are concatenated)."""
+    items = dict(markers(node))
+    q = items.pop(QUANT_META, None)
+    if q is not None:
+        items[QUANT_META] = ("per-channel", q.axis) if q.per_channel else q
+    return repr(sorted(items.items(), key=lambda kv: kv[0]))
+
+
+def _merged_quant(weight_nodes: list) -> QuantParams | None:
+    """The merged weight's quantization: per-channel (axis 0) concatenated, per-tensor shared."""
+    qs = [n.meta.get(QUANT_META) for n in weight_nodes]
+    if qs[0] is None:
+        return None
+    if not qs[0].per_channel:
+        return qs[0]
+    return QuantParams(tuple(x for q in qs for x in q.scale), tuple(z for q in qs for z in q.zero_point), axis=0)
+
+
+def _mergeable_quant(weight_nodes: list) -> bool:
+    qs = [n.meta.get(QUANT_META) for n in weight_nodes]
+    if all(q is None for q in qs):
+        return True
+    if any(q is None for q in qs):
+        return False
+    if all(q.per_channel and q.axis == 0 for q in qs):
+        return all(len(q.scale) == int(n.meta["val"].shape[0]) for q, n in zip(qs, weight_nodes))
+    return all(not q.per_channel and q == qs[0] for q in qs)
 
 
 def _candidate(n: fx.Node):
@@ -82,7 +115,8 @@ class MergeLinears(Pass):
             groups.setdefault(key, []).append((n, w, b))
         changed = False
         for members in groups.values():
-            if len(members) >= 2:
+            if len(members) >= 2 and _mergeable_quant([w for _, w, _ in members]) and (
+                    members[0][2] is None or _mergeable_quant([b for _, _, b in members])):
                 self._merge(gm, members)
                 changed = True
         return changed
@@ -96,11 +130,11 @@ class MergeLinears(Pass):
         sizes = [int(t.shape[0]) for t in weights]
         hint = "_".join(w.target.replace(".", "_") for _, w, _ in members[:1]) + f"_merged{len(members)}"
         with g.inserting_before(first):
-            w_node = _constant(g, gm, torch.cat(weights, 0), hint, w0)
+            w_node = _constant(g, gm, torch.cat(weights, 0), hint, [w for _, w, _ in members])
             args = (x, w_node)
             if b0 is not None:
                 biases = [fetch_attr(gm, b.target).detach() for _, _, b in members]
-                args += (_constant(g, gm, torch.cat(biases, 0), hint + "_bias", b0),)
+                args += (_constant(g, gm, torch.cat(biases, 0), hint + "_bias", [b for _, _, b in members]),)
             merged = make_node(g, aten.linear.default, args, like=first)
             merged.meta.update(markers(first))
             shape = static_shape(merged)
@@ -118,9 +152,13 @@ class MergeLinears(Pass):
             g.erase_node(n)
 
 
-def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, like: fx.Node) -> fx.Node:
+def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, parts: list) -> fx.Node:
+    """The stacked constant, carrying the members' markers and their merged quantization."""
     node = g.get_attr(add_constant(gm, tensor.contiguous(), hint))
-    node.meta.update(markers(like))
+    node.meta.update({k: v for k, v in markers(parts[0]).items() if k != QUANT_META})
+    quant = _merged_quant(parts)
+    if quant is not None:
+        node.meta[QUANT_META] = quant
     mode = fake_mode_of(g)  # a fake value with static dims, like the captured weights'
     node.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
     return node
