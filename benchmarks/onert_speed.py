@@ -226,6 +226,8 @@ def main(argv=None) -> int:
           f"(RESHAPE {ex['today']['ops'].get('RESHAPE', 0)} -> {ex['fold_only']['ops'].get('RESHAPE', 0)}, "
           f"TRANSPOSE {ex['today']['ops'].get('TRANSPOSE', 0)} -> {ex['fold_only']['ops'].get('TRANSPOSE', 0)})")
     print(f"{'max|logits - eager|':<30}{today['max_abs_diff']:>12.1e}{new['max_abs_diff']:>12.1e}")
+    et, en = ex["today"]["export_s"], ex["new"]["export_s"]
+    print(f"{'export + save time':<30}{et:>10.2f} s{en:>10.2f} s{en / et:>11.3f}")
     print(f"\nper op type (onert trace, median of {args.trace_runs} traced runs; the tracer slows multithreaded "
           "kernels, compare shares):")
     print(f"  {'op':<18}{'today ms':>10}{'share':>8}{'count':>7}{'new ms':>10}{'share':>8}{'count':>7}")

@@ -107,7 +107,8 @@ def test_explain_has_no_rms_norm_constants():
 
 def test_registered_family_gets_its_fuse_pass(gelu_family):
     names = circle_fx.default_pipeline().names()
-    assert names == ["decompose", "canonicalize", "fold_constants", "dce", "fuse_rms_norm", "fuse_gelu_erf", "dce"]
+    assert names == ["decompose", "canonicalize", "fold_constants", "dce", "fuse_rms_norm", "fuse_gelu_erf",
+                     "merge_linears", "fold_views", "dce"]
 
 
 def test_unregistered_family_leaves_the_pipeline():
