@@ -193,14 +193,14 @@ def split(ctx, node):
     if shape[dim] == -1:
         raise ctx.error(f"splitting along dynamic dim {dim} of %{x.name} {shape} is not supported")
     src = ctx.tensor(x)
-    sizes = [int(v.shape[dim]) for v in node.meta["val"]]
+    outs = ctx.outputs(node)
+    sizes = [ctx.dims(node, item=k)[dim] for k in range(len(outs))]
     if len(sizes) > 1 and len(set(sizes)) == 1 and sizes[0] * len(sizes) == shape[dim]:
         # equal pieces: one SPLIT (exact in onert 0.1.0, unlike SPLIT_V) instead of n SLICEs
-        ctx.op(BO.SPLIT, [ctx.int_const(dim, "axis"), src], ctx.outputs(node),
-               options("SplitOptions", numSplits=len(sizes)))
+        ctx.op(BO.SPLIT, [ctx.int_const(dim, "axis"), src], outs, options("SplitOptions", numSplits=len(sizes)))
         return
     start = 0
-    for k, out in enumerate(ctx.outputs(node)):
+    for k, out in enumerate(outs):
         size = ctx.dims(node, item=k)[dim]
         begin, extent = [0] * len(shape), list(shape)
         begin[dim], extent[dim] = start, size
