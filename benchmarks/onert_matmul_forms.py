@@ -10,7 +10,7 @@ RESHAPEs are part of the price, exactly as circle_fx emits them:
 
 and times them interleaved (FC, CONV, BMM, FC, ...): median of ``--runs``, and the ratio
 of the minima (the best case on a shared machine: closest to an idle one). The table it
-prints is what ``docs/onert-findings.md`` records and what ``circle_fx/emit/lowerings/
+prints is what ``docs/onert-findings.md`` records and what ``circle_fx/emit/
 linear_form.py`` encodes as constants.
 
     python benchmarks/onert_matmul_forms.py              # the default sweep (~3 min)

@@ -57,7 +57,7 @@ def today_pipeline(fold: bool = False):
     import torch
 
     import circle_fx
-    from circle_fx.emit.lowerings import linear_form
+    from circle_fx.emit import linear_form
     from circle_fx.emit.peephole import META_KEY
 
     def fully_connected_only(program) -> bool:

@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import circle_fx
-from circle_fx.emit.lowerings import linear_form
+from circle_fx.emit import linear_form
 from circle_fx.passes import FoldViews, MergeLinears, run_passes
 from circle_fx.circle.reader import read_circle
 

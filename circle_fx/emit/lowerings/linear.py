@@ -1,5 +1,5 @@
 """Matrix products: ``linear`` -> FULLY_CONNECTED, 1x1 CONV_2D or BATCH_MATMUL (whichever
-onert runs fastest, see :mod:`.linear_form`), ``matmul``/``bmm`` -> BATCH_MATMUL,
+onert runs fastest, see :mod:`circle_fx.emit.linear_form`), ``matmul``/``bmm`` -> BATCH_MATMUL,
 ``embedding`` -> GATHER.
 
 FULLY_CONNECTED and CONV_2D take torch's ``[out, in]`` weight as is (CONV_2D as the same
@@ -17,7 +17,7 @@ import torch
 
 from ...fx_utils import arguments
 from ..registry import lowering
-from . import linear_form
+from .. import linear_form
 from ._common import BO, options
 
 aten = torch.ops.aten
