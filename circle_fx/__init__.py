@@ -14,9 +14,19 @@ from .passes import Pass, Pipeline, default_pipeline
 from .program import Program
 from .circle.verify import VerifyReport, verify
 
+
+
+def export_llm(model, max_seq_len, prefill_len=None, **kwargs):
+    """Prefill + KV-cache decode models for a transformers causal LM: see :mod:`circle_fx.llm`.
+    (Imported on first use: it needs ``transformers``, which plain exports do not.)"""
+    from .llm import export_llm as _export_llm
+
+    return _export_llm(model, max_seq_len, prefill_len, **kwargs)
+
+
 __version__ = "0.1.0"
 
 __all__ = ["export", "capture", "lower", "CircleModel", "Program", "Pass", "Pipeline", "default_pipeline",
            "CircleFxError", "CaptureError", "InputError", "OutputError", "PassError", "RuntimeFailure",
            "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError", "verify", "VerifyReport",
-           "explain", "explain_report", "ExplainResult"]
+           "explain", "explain_report", "ExplainResult", "export_llm"]

@@ -1,0 +1,101 @@
+"""RoPE fusion family: HF's ``x*cos + rotate_half(x)*sin`` -> ``circle.rope(x, sin, cos)``
+-> Circle's ROPE op (builtin -7, mode GPT_NEOX).
+
+The pattern is transformers' ``apply_rotary_pos_emb`` with ``rotate_half(x) =
+cat(-x[..., D/2:], x[..., :D/2])`` (GPT-NeoX layout, what onert's GPT_NEOX mode computes).
+
+Fused only where onert's kernel is exact (shared matrix §1): it reads the first D
+entries of the sin/cos tables and applies them to every position, so the tables must
+hold ONE position (every dim but the last is 1: a decode step); ``x`` must be 4-D with
+an even last dim. A prefill (several positions) keeps the decomposed form, so this
+rule is safe in any pipeline; ``export_llm`` adds it to the decode model's pipeline.
+
+Not in the default pipeline: exports that never asked for it keep their op set.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..fx_utils import dtype_of, make_node, shape_of
+from ..patterns.pattern import Pattern
+from ..patterns.rewrite import Rewrite
+
+aten = torch.ops.aten
+
+_lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
+_lib.define("rope(Tensor x, Tensor sin, Tensor cos) -> Tensor")
+
+
+def _rope_eager(x, sin, cos):
+    """The GPT-NeoX rotation, in the argument order of Circle's ROPE (x, sin, cos)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _rope_fake(x, sin, cos):
+    return torch.empty_like(x)
+
+
+_lib.impl("rope", _rope_eager, "CompositeExplicitAutograd")
+torch.library.register_fake("circle::rope", _rope_fake, lib=_lib)
+
+rope = torch.ops.circle.rope.default
+
+
+def rope_rotate_half(x, cos, sin, dim, half, end, step, cat_dim):
+    rotated = aten.cat.default([aten.neg.default(aten.slice.Tensor(x, dim, half, end, step)),
+                                aten.slice.Tensor(x, dim, 0, half, step)], cat_dim)
+    return aten.add.Tensor(aten.mul.Tensor(x, cos), aten.mul.Tensor(rotated, sin))
+
+
+# --------------------------------------------------------------------------- checks
+
+def _last(axis, ndim) -> bool:
+    return isinstance(axis, int) and axis % ndim == ndim - 1
+
+
+def _check_x(m):
+    shape, dt = shape_of(m["x"]), dtype_of(m["x"])
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return "x has a dynamic shape"
+    if len(shape) != 4:
+        return f"x is {len(shape)}-D; onert's ROPE takes 4-D inputs only"
+    if dt != torch.float32:
+        return f"x has dtype {dt}; onert's ROPE is float32"
+    d = shape[-1]
+    if d % 2:
+        return f"head dim {d} is odd"
+    if not (_last(m["dim"], 4) and _last(m["cat_dim"], 4)):
+        return "the halves are not taken along the last axis"
+    if m["step"] != 1 or m["half"] != d // 2 or not (isinstance(m["end"], int) and m["end"] >= d):
+        return f"the slices are not x[..., :{d // 2}] and x[..., {d // 2}:]"
+    return None
+
+
+def _check_one_position(m):
+    d = shape_of(m["x"])[-1]
+    for name in ("cos", "sin"):
+        s = shape_of(m[name])
+        if s is None or any(not isinstance(k, int) for k in s) or len(s) > 4:
+            return f"{name} has a dynamic shape or rank > 4"
+        if not s or s[-1] != d or math.prod(s[:-1]) != 1 or dtype_of(m[name]) != torch.float32:
+            return (f"{name} has shape {list(s)}: onert's ROPE is exact only for tables of one position "
+                    f"([..., {d}] with every other dim 1; it applies row 0 to every position)")
+    return None
+
+
+def _replace(m, graph):
+    return make_node(graph, rope, (m["x"], m["sin"], m["cos"]), like=m.root)
+
+
+RULES = [Rewrite("rope_rotate_half", Pattern(rope_rotate_half), _replace, (_check_x, _check_one_position),
+                 produces="rope")]
+
+
+def fuse_rope(record_failures: bool = False):
+    from ..passes.fuse import FusePatterns
+
+    return FusePatterns(RULES, name="fuse_rope", record_failures=record_failures)

@@ -1,0 +1,15 @@
+"""Token-by-token generation: prefill + KV-cache decode models for onert.
+
+    pkg = circle_fx.export_llm(model, max_seq_len=256)   # LLMPackage
+    pkg.save("out/")                                      # prefill.circle, decode.circle, manifest.json
+    runner = circle_fx.llm.LLMRunner("out/")
+    tokens = runner.generate(input_ids, max_new_tokens=32)
+
+Modules: ``cache`` (graph-side Cache and the two traced wrappers), ``export``,
+``manifest`` (the JSON a host follows), ``package``, ``runner``.
+"""
+from .export import export_llm
+from .package import LLMPackage
+from .runner import LLMRunner
+
+__all__ = ["export_llm", "LLMPackage", "LLMRunner"]

@@ -1,0 +1,169 @@
+"""``export_llm``: a transformers causal LM -> prefill + decode Circle models + manifest.
+
+How the model is driven (no source patching, no module swapping): each entry point is a
+small wrapper module (``cache.py``) that calls the user's model's own ``forward`` with
+
+- ``cache=`` a :class:`~circle_fx.llm.cache.GraphCache` (transformers' public Cache API:
+  the attention layers hand it their post-RoPE keys/values, it returns what to attend to);
+- ``position_ids`` (decode: the ``position`` input; prefill: constants ``0..P-1``);
+- a prepared 4-D attention mask (per layer type when the model has sliding-window layers),
+  built from compile-time index vectors compared with the run-time position: onert has no
+  RANGE/CUMSUM and no DYNAMIC_UPDATE_SLICE, and this needs neither.
+
+Two files, not one with two signatures: onert 0.1.0 ignores SignatureDefs and always runs
+subgraph 0. The decode model replaces HF's decomposed ``q*cos + rotate_half(q)*sin`` by
+Circle's ROPE op (exact in onert for one position per call); the prefill model keeps the
+decomposed form, because onert's ROPE applies the first table row to every position.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from ..api import capture, lower
+from ..errors import InputError, UnsupportedDtypeError
+from ..passes import default_pipeline
+from . import manifest as mf
+from .cache import DecodeStep, Prefill, layer_kinds
+from .package import LLMPackage
+
+
+@dataclass
+class LLMSpec:
+    """What the wrappers need to know about the model and the export."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_seq_len: int
+    prefill_len: int
+    sliding_window: int | None
+    float_mask: bool
+    torch_dtype: torch.dtype
+    cache_kw: str
+
+
+def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise InputError(f"export_llm takes a transformers causal LM (a PreTrainedModel with .config), "
+                         f"got {type(model).__name__}")
+    if not isinstance(max_seq_len, int) or max_seq_len < 2:
+        raise InputError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+    prefill_len = max_seq_len if prefill_len is None else prefill_len
+    if not isinstance(prefill_len, int) or not 1 <= prefill_len <= max_seq_len:
+        raise InputError(f"prefill_len must be an int in 1..max_seq_len ({max_seq_len}), got {prefill_len!r}")
+    cfg = getattr(model.config, "get_text_config", lambda: model.config)()
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
+    if cache_kw is None or "logits_to_keep" not in params:
+        raise InputError(f"{type(model).__name__}.forward takes no cache/past_key_values or logits_to_keep "
+                         "argument; export_llm needs a transformers causal LM (…ForCausalLM)")
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        raise UnsupportedDtypeError(f"the model's weights are {dtype}; export_llm supports float32 "
+                                    "(onert 0.1.0 has no float16 path): call model.float() first")
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in ("sdpa", "eager"):
+        raise InputError(f"attention implementation {impl!r} is not supported; load the model with "
+                         "attn_implementation='sdpa' or 'eager'")
+    kinds = layer_kinds(cfg)
+    if kinds is not None and set(kinds) - {"full_attention", "sliding_attention"}:
+        raise InputError(f"layer types {sorted(set(kinds) - {'full_attention', 'sliding_attention'})} are not "
+                         "supported (only full and sliding-window attention)")
+    sliding = None
+    if (kinds is not None and "sliding_attention" in kinds) or (kinds is None and getattr(cfg, "sliding_window", None)):
+        sliding = int(cfg.sliding_window)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return LLMSpec(num_layers=cfg.num_hidden_layers, num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=head_dim, vocab_size=cfg.vocab_size, max_seq_len=max_seq_len, prefill_len=prefill_len,
+                   sliding_window=sliding, float_mask=impl == "eager", torch_dtype=dtype, cache_kw=cache_kw)
+
+
+def _rename_inputs(program, names: list[str]) -> None:
+    """Give the captured placeholders the manifest's names (``caches_3`` -> ``value_cache_1``)."""
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    for node, name in zip(placeholders, names):
+        if node.name != name:
+            node._rename(name)
+    program.input_names = [n.name for n in placeholders]
+
+
+def _capture(module, args, input_names, pipeline, verbose):
+    program = capture(module, args)
+    _rename_inputs(program, input_names)
+    return lower(program, passes=pipeline)
+
+
+def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
+               eos_token_ids=None, verbose: bool | None = None) -> LLMPackage:
+    """Export ``model`` (a transformers ``…ForCausalLM``, float32) as a prefill model and a
+    decode-step model with an explicit KV cache of ``max_seq_len`` positions per layer.
+
+    ``prefill_len`` (default ``max_seq_len``) is the fixed prompt length of the prefill model
+    (shorter prompts are right-padded; longer ones continue through decode). ``rope_op``:
+    use Circle's ROPE op in the decode model (False keeps the decomposed form).
+    ``eos_token_ids`` overrides the ones recorded from ``model.generation_config``.
+    Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
+    """
+    spec = model_spec(model, max_seq_len, prefill_len)
+    L, S, P = spec.num_layers, spec.max_seq_len, spec.prefill_len
+    cache_names = [f"{kind}_cache_{i}" for i in range(L) for kind in ("key", "value")]
+    training = model.training
+    model.eval()
+    try:
+        decode_pipe = default_pipeline()
+        if rope_op:
+            from ..fusions.rope import fuse_rope
+
+            decode_pipe.insert_after("fuse_rms_norm", fuse_rope())
+        caches = [torch.zeros(1, spec.num_kv_heads, S, spec.head_dim, dtype=spec.torch_dtype) for _ in cache_names]
+        ids1 = torch.zeros(1, 1, dtype=torch.int32)
+        pos = torch.zeros(1, dtype=torch.int32)
+        decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
+                          decode_pipe, verbose)
+        idsP = torch.zeros(1, P, dtype=torch.int32)
+        last = torch.zeros(1, dtype=torch.int32)
+        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], default_pipeline(),
+                           verbose)
+    finally:
+        model.train(training)
+    manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
+    return LLMPackage(manifest, decode=decode, prefill=prefill)
+
+
+def _token_ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) -> dict:
+    gen = getattr(model, "generation_config", None)
+    cfg = model.config
+    eos = _token_ids(eos_token_ids) if eos_token_ids is not None else _token_ids(
+        getattr(gen, "eos_token_id", None) if gen is not None else getattr(cfg, "eos_token_id", None))
+    pad = getattr(gen, "pad_token_id", None) if gen is not None else None
+    if pad is None:
+        pad = getattr(cfg, "pad_token_id", None)
+    return {
+        "format": mf.FORMAT, "version": mf.VERSION,
+        "model": {"architecture": type(model).__name__, "model_type": getattr(cfg, "model_type", None),
+                  "vocab_size": spec.vocab_size, "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
+                  "head_dim": spec.head_dim, "dtype": "float32"},
+        "max_seq_len": spec.max_seq_len, "prefill_len": spec.prefill_len, "sliding_window": spec.sliding_window,
+        "eos_token_ids": eos, "bos_token_id": getattr(cfg, "bos_token_id", None),
+        "pad_token_id": int(pad) if isinstance(pad, int) else None,
+        "cache": {"layout": "BHSD", "shape": [1, spec.num_kv_heads, spec.max_seq_len, spec.head_dim],
+                  "dtype": "float32", "initial": 0.0,
+                  "names": [f"{kind}_cache_{i}" for i in range(spec.num_layers) for kind in ("key", "value")]},
+        "prefill": {"file": "prefill.circle", "inputs": mf.io_entries(prefill.builder, "inputs"),
+                    "outputs": mf.io_entries(prefill.builder, "outputs"),
+                    "cache_writes": mf.cache_writes(spec.num_layers, "0..length-1 -> positions 0..length-1")},
+        "decode": {"file": "decode.circle", "inputs": mf.io_entries(decode.builder, "inputs"),
+                   "outputs": mf.io_entries(decode.builder, "outputs"),
+                   "cache_writes": mf.cache_writes(spec.num_layers, "0 -> position")},
+    }

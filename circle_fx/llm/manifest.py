@@ -1,0 +1,97 @@
+"""The package manifest (``manifest.json``): everything a C++ or Python host needs to
+drive the two Circle files without Python-side knowledge of the model.
+
+Schema (``format: "circle_fx.llm"``, ``version: 1``)::
+
+    {
+      "format": "circle_fx.llm", "version": 1,
+      "model": {"architecture", "model_type", "vocab_size", "num_layers", "num_kv_heads",
+                "head_dim", "dtype"},
+      "max_seq_len": S,            # cache rows per layer: positions 0..S-1
+      "prefill_len": P,            # prefill.circle takes exactly P ids (right-pad shorter prompts)
+      "sliding_window": W | null,  # handled by the masks inside the models (no host work)
+      "eos_token_ids": [...], "bos_token_id": b | null, "pad_token_id": p | null,
+      "cache": {"layout": "BHSD", "shape": [1, Hkv, S, D], "dtype": "float32", "initial": 0.0,
+                "names": ["key_cache_0", "value_cache_0", ...]},   # 2 per layer, in this order
+      "prefill": {"file": "prefill.circle", "inputs": [IO...], "outputs": [IO...],
+                  "cache_writes": [{"output": "key_0", "cache": "key_cache_0",
+                                    "axis": 2, "rows": "0..length-1 -> positions 0..length-1"}, ...]},
+      "decode":  {"file": "decode.circle", "inputs": [IO...], "outputs": [IO...],
+                  "cache_writes": [{"output": "key_0", "cache": "key_cache_0",
+                                    "axis": 2, "rows": "0 -> position"}, ...]}
+    }
+
+``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
+slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
+
+1. allocate the caches (``cache.shape``, zeros), bind them to the decode session once;
+2. prefill: ``input_ids`` [1,P] int32 = prompt right-padded with ``pad_token_id`` (any id
+   works: padding never influences real tokens), ``last_index`` [1] int32 = length-1;
+   run; copy rows ``0..length-1`` of each ``key_i``/``value_i`` output into its cache at
+   the same positions; ``logits`` [1,1,V] are the next-token logits;
+3. decode at position ``p`` (``p < S``): ``input_ids`` [1,1], ``position`` [1] = p; run;
+   write row 0 of every ``key_i``/``value_i`` output into its cache at row ``p``.
+
+A prompt longer than P is prefilled in its first P tokens and fed to decode one token
+at a time after that.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import InputError
+
+FORMAT, VERSION = "circle_fx.llm", 1
+FILE = "manifest.json"
+
+
+def io_entries(builder, which: str) -> list[dict]:
+    """Name/slot/shape/dtype of a built model's inputs or outputs."""
+    from ..circle.schema import CIRCLE_TO_NUMPY
+
+    idxs = builder.inputs if which == "inputs" else builder.outputs
+    names = builder.input_names if which == "inputs" else builder.output_names
+    out = []
+    for k, (name, t) in enumerate(zip(names, idxs)):
+        tensor = builder.tensors[t]
+        out.append({"name": name, "index": k, "shape": [int(d) for d in tensor.shape],
+                    "dtype": str(CIRCLE_TO_NUMPY[tensor.type])})
+    return out
+
+
+def cache_writes(num_layers: int, rows: str) -> list[dict]:
+    return [{"output": f"{kind}_{i}", "cache": f"{kind}_cache_{i}", "axis": 2, "rows": rows}
+            for i in range(num_layers) for kind in ("key", "value")]
+
+
+def write(directory: str, manifest: dict) -> str:
+    path = os.path.join(directory, FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def read(directory: str) -> dict:
+    """The manifest of a package directory, checked enough to give clear errors."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise InputError(f"{directory}: no such directory (expected a package written by export_llm(...).save)")
+    path = os.path.join(directory, FILE)
+    if not os.path.isfile(path):
+        raise InputError(f"{directory}: no {FILE}; not a circle_fx LLM package")
+    try:
+        with open(path) as f:
+            m = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: unreadable manifest: {e}") from e
+    if m.get("format") != FORMAT or m.get("version") != VERSION:
+        raise InputError(f"{path}: format {m.get('format')!r} version {m.get('version')!r}; "
+                         f"this circle_fx reads {FORMAT!r} version {VERSION}")
+    for part in ("prefill", "decode"):
+        f = os.path.join(directory, m[part]["file"])
+        if not os.path.isfile(f):
+            raise InputError(f"{directory}: {m[part]['file']} is missing (named in {FILE})")
+    return m
