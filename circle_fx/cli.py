@@ -1,4 +1,4 @@
-"""The ``circle-fx`` command line: ``export``, ``inspect`` and ``explain``.
+"""The ``circle-fx`` command line: ``export``, ``inspect``, ``explain``, ``export-llm``, ``generate``.
 
 Models are named as ``MODULE:FACTORY``, where ``MODULE`` is a dotted module name or a
 path to a ``.py`` file and ``FACTORY()`` returns ``(model, example_inputs)``. A factory is
@@ -179,6 +179,10 @@ def make_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("explain", help="show which fusions applied, and why others did not")
     x.add_argument("model", metavar="MODEL", help="MODULE:FACTORY returning (model, example_inputs)")
     x.set_defaults(func=cmd_explain)
+
+    from .llm.cli import add_commands  # export-llm, generate
+
+    add_commands(sub)
     return p
 
 

@@ -8,8 +8,20 @@
 Modules: ``cache`` (graph-side Cache and the two traced wrappers), ``export``,
 ``manifest`` (the JSON a host follows), ``package``, ``runner``.
 """
-from .export import export_llm
-from .package import LLMPackage
-from .runner import LLMRunner
+
+def __getattr__(name):  # lazy: `export` imports transformers, which the CLI's other commands never need
+    if name == "export_llm":
+        from .export import export_llm
+
+        return export_llm
+    if name == "LLMPackage":
+        from .package import LLMPackage
+
+        return LLMPackage
+    if name == "LLMRunner":
+        from .runner import LLMRunner
+
+        return LLMRunner
+    raise AttributeError(name)
 
 __all__ = ["export_llm", "LLMPackage", "LLMRunner"]

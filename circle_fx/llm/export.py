@@ -22,12 +22,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ..api import capture, lower
+from .. import api
 from ..errors import InputError, UnsupportedDtypeError
 from ..passes import default_pipeline
 from . import manifest as mf
-from .cache import DecodeStep, Prefill, layer_kinds
 from .package import LLMPackage
+
+try:
+    from .cache import DecodeStep, Prefill, layer_kinds
+except ImportError as _e:  # transformers is an optional extra of circle_fx
+    DecodeStep = Prefill = layer_kinds = None
+    _MISSING = _e
 
 
 @dataclass
@@ -93,9 +98,9 @@ def _rename_inputs(program, names: list[str]) -> None:
 
 
 def _capture(module, args, input_names, pipeline, verbose):
-    program = capture(module, args)
+    program = api.capture(module, args)
     _rename_inputs(program, input_names)
-    return lower(program, passes=pipeline)
+    return api.lower(program, passes=pipeline)
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
@@ -109,6 +114,8 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     ``eos_token_ids`` overrides the ones recorded from ``model.generation_config``.
     Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
     """
+    if DecodeStep is None:
+        raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
     spec = model_spec(model, max_seq_len, prefill_len)
     L, S, P = spec.num_layers, spec.max_seq_len, spec.prefill_len
     cache_names = [f"{kind}_cache_{i}" for i in range(L) for kind in ("key", "value")]

@@ -110,11 +110,12 @@ class LLMRunner:
         return self.decode.output(self._dout["logits"]).reshape(-1)
 
     # ------------------------------------------------------------ generation
-    def generate(self, input_ids, max_new_tokens: int, eos_token_ids=None) -> list[int]:
+    def generate(self, input_ids, max_new_tokens: int, eos_token_ids=None, return_logits: bool = False):
         """Greedy decoding; returns the prompt followed by the new tokens (as ``model.generate``).
 
         Stops after ``max_new_tokens`` or at an EOS id (``eos_token_ids``, default the
-        manifest's; pass ``[]`` to never stop early).
+        manifest's; pass ``[]`` to never stop early). ``return_logits=True`` returns
+        ``(tokens, logits)`` with the [V] logits each new token was picked from.
         """
         ids = _as_ids(input_ids)
         if max_new_tokens < 0:
@@ -127,7 +128,7 @@ class LLMRunner:
             raise InputError(f"a {len(ids)}-token prompt plus {max_new_tokens} new tokens needs {need} cache "
                              f"positions; the package was exported with max_seq_len {self.max_seq_len}")
         if max_new_tokens == 0:
-            return ids
+            return (ids, []) if return_logits else ids
         vocab = self.manifest["model"]["vocab_size"]
         if any(not 0 <= t < vocab for t in ids):
             raise InputError(f"token ids must be in 0..{vocab - 1}, got {[t for t in ids if not 0 <= t < vocab][:5]}")
@@ -137,14 +138,15 @@ class LLMRunner:
         logits = self.run_prefill(head)
         for p in range(len(head), len(ids)):  # a prompt longer than the prefill model
             logits = self.step(ids[p], p)
-        out = list(ids)
+        out, seen = list(ids), []
         for k in range(max_new_tokens):
+            seen.append(logits)
             token = int(np.argmax(logits))
             out.append(token)
             if token in eos or k == max_new_tokens - 1:
                 break
             logits = self.step(token, len(out) - 1)
-        return out
+        return (out, seen) if return_logits else out
 
 
 def _as_ids(input_ids) -> list[int]:

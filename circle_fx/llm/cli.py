@@ -1,0 +1,70 @@
+"""``circle-fx export-llm`` and ``circle-fx generate`` (registered by ``circle_fx.cli``).
+
+``export-llm MODULE:FACTORY``: ``FACTORY()`` returns the causal LM, or ``(model, anything)``
+as for ``export`` (the example inputs are not needed: export_llm builds its own).
+"""
+from __future__ import annotations
+
+from ..errors import InputError
+
+
+def cmd_export_llm(args) -> int:
+    import torch
+
+    from ..cli import load_factory
+    from .export import export_llm
+
+    factory = load_factory(args.model)
+    try:
+        result = factory()
+    except Exception as e:
+        raise InputError(f"{args.model}() raised {type(e).__name__}: {e}") from e
+    model = result[0] if isinstance(result, (tuple, list)) else result
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"{args.model}() must return a model or (model, example_inputs), got {type(model).__name__}")
+    pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope)
+    pkg.save(args.output)
+    m = pkg.manifest
+    print(f"wrote {args.output}: prefill.circle ({pkg.prefill.size:,} bytes), decode.circle "
+          f"({pkg.decode.size:,} bytes), manifest.json; max_seq_len {m['max_seq_len']}, "
+          f"prefill_len {m['prefill_len']}, {m['model']['num_layers']} layers, "
+          f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}")
+    return 0
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise InputError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise InputError("--prompt-ids is empty")
+    return ids
+
+
+def cmd_generate(args) -> int:
+    from .runner import LLMRunner
+
+    runner = LLMRunner(args.package)
+    eos = [] if args.ignore_eos else None
+    out = runner.generate(_ids(args.prompt_ids), args.max_new_tokens, eos_token_ids=eos)
+    print(",".join(str(t) for t in out))
+    return 0
+
+
+def add_commands(sub) -> None:
+    e = sub.add_parser("export-llm", help="export a transformers causal LM as prefill + KV-cache decode models")
+    e.add_argument("model", metavar="MODEL", help="MODULE:FACTORY returning the model (or (model, inputs))")
+    e.add_argument("-o", "--output", required=True, help="output directory (created)")
+    e.add_argument("--max-seq-len", type=int, required=True, help="KV cache positions per layer")
+    e.add_argument("--prefill-len", type=int, default=None, help="prompt length of the prefill model "
+                   "(default: max-seq-len; longer prompts continue through decode)")
+    e.add_argument("--no-rope", action="store_true", help="keep RoPE decomposed in the decode model")
+    e.set_defaults(func=cmd_export_llm)
+
+    g = sub.add_parser("generate", help="greedy generation with an export-llm package, in onert")
+    g.add_argument("package", help="directory written by export-llm")
+    g.add_argument("--prompt-ids", required=True, help="comma-separated token ids, e.g. 1,2,3")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
+    g.set_defaults(func=cmd_generate)
