@@ -1,0 +1,201 @@
+"""Decode speed: circle_fx's KV-cache decode model in onert vs transformers eager with its KV cache.
+
+    python benchmarks/llm_decode.py                  # export (to a temp dir), measure, trace, print the table
+    python benchmarks/llm_decode.py --package DIR    # reuse a package exported before (same config!)
+
+Model: the 125M Llama of ``convert_speed.py`` (vocab 32000, hidden 768, intermediate 2048,
+12 layers, 12 heads, 4 KV heads), random weights (seed 0), float32, ``max_seq_len`` 640,
+prefill_len 16.
+
+Measured in one process, same machine, same run:
+
+- **per-token time at positions 16, 128, 512**: onert: ``LLMRunner.step`` at that position
+  (caches bound once, the new K/V rows written in place; the median of ``--reps`` calls);
+  torch: one ``model(token, cache=DynamicCache with `pos` entries)`` forward, the cache
+  cropped back after each call; median of ``--reps``.
+- **tokens/s**: greedy generation of ``--new`` tokens after a 16-token prompt, decode steps
+  only (prefill excluded), onert via ``LLMRunner.generate`` vs ``model.generate``-equivalent
+  loop in torch (argmax, DynamicCache).
+- **where the time goes**: a child process runs ``--trace-steps`` decode steps with onert's
+  ``TRACING_MODE=1 WORKSPACE_DIR=<dir>`` and the per-op averages in ``trace.json`` are summed
+  by op type.
+
+int8 weights: the slot is in the table (``onert int8``); it reads "n/a" until circle_fx's
+quantization export lands (then pass the quantized package with ``--int8-package DIR``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+POSITIONS = (16, 128, 512)
+MAX_SEQ_LEN, PREFILL_LEN, PROMPT = 640, 16, 16
+
+
+def build_model():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                      num_attention_heads=12, num_key_value_heads=4)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def onert_times(package: str, reps: int, new: int):
+    from circle_fx.llm.runner import LLMRunner
+
+    r = LLMRunner(package)
+    per_pos = {}
+    for p in POSITIONS:
+        r.step(1, p)  # warm-up
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            r.step(1, p)
+            ts.append(time.perf_counter() - t)
+        per_pos[p] = statistics.median(ts)
+    prompt = list(range(3, 3 + PROMPT))
+    t = time.perf_counter()
+    r.run_prefill(prompt)
+    prefill = time.perf_counter() - t
+    steps = []
+    orig = r.step
+
+    def timed(token, position):
+        t0 = time.perf_counter()
+        out = orig(token, position)
+        steps.append(time.perf_counter() - t0)
+        return out
+
+    r.step = timed
+    tokens = r.generate(prompt, new, eos_token_ids=[])
+    return per_pos, len(steps) / sum(steps), prefill, tokens
+
+
+def torch_times(model, reps: int, new: int):
+    import torch
+    from transformers import DynamicCache
+
+    per_pos = {}
+    with torch.no_grad():
+        for p in POSITIONS:
+            cache = DynamicCache(config=model.config)
+            model(torch.arange(3, 3 + p).view(1, p) % 32000, cache=cache, use_cache=True)
+            tok = torch.tensor([[1]])
+            pos = torch.tensor([[p]])
+            ts = []
+            for _ in range(reps + 1):
+                t = time.perf_counter()
+                model(tok, position_ids=pos, cache=cache, use_cache=True)
+                ts.append(time.perf_counter() - t)
+                cache.crop(-1)  # back to `p` entries
+            per_pos[p] = statistics.median(ts[1:])
+        prompt = torch.arange(3, 3 + PROMPT).view(1, PROMPT)
+        cache = DynamicCache(config=model.config)
+        out = model(prompt, cache=cache, use_cache=True)
+        tokens = prompt[0].tolist()
+        steps = []
+        for k in range(new):
+            token = int(out.logits[0, -1].argmax())
+            tokens.append(token)
+            if k == new - 1:
+                break
+            t = time.perf_counter()
+            out = model(torch.tensor([[token]]), cache=cache, use_cache=True)
+            steps.append(time.perf_counter() - t)
+    return per_pos, len(steps) / sum(steps), tokens
+
+
+TRACE_CHILD = r"""
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+from circle_fx.llm.runner import _Session
+from circle_fx.llm import manifest as mf
+m = mf.read({pkg!r})
+s = _Session({pkg!r} + "/" + m["decode"]["file"])
+arrays = []
+for e in m["decode"]["inputs"]:
+    a = np.zeros(e["shape"], e["dtype"]); arrays.append(a); s.bind(e["index"], a)
+pos = arrays[[e["name"] for e in m["decode"]["inputs"]].index("position")]
+for k in range({steps}):
+    pos[0] = 128 + k
+    s.run()
+"""
+
+
+def trace(package: str, steps: int):
+    work = tempfile.mkdtemp(prefix="llm_trace_")
+    env = dict(os.environ, TRACING_MODE="1", WORKSPACE_DIR=work)
+    subprocess.run([sys.executable, "-c", TRACE_CHILD.format(root=ROOT, pkg=package, steps=steps)], env=env,
+                   check=True)
+    with open(os.path.join(work, "trace.json")) as f:
+        data = json.load(f)["Execution_Data"]["cpu"]
+    by_op = defaultdict(float)
+    for key, v in data.items():
+        by_op[key.split()[-1]] += v["Avg_Time"]
+    return dict(by_op), work
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--package", help="an already exported package directory (default: export now)")
+    ap.add_argument("--int8-package", help="a package with int8 weights (when quantization lands)")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--new", type=int, default=32, help="new tokens for the tokens/s measurement")
+    ap.add_argument("--trace-steps", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import circle_fx
+
+    model = build_model()
+    package = args.package
+    if package is None:
+        package = tempfile.mkdtemp(prefix="llm_decode_")
+        t = time.perf_counter()
+        circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN).save(package)
+        print(f"exported to {package} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    on_pos, on_tps, on_prefill, on_tokens = onert_times(package, args.reps, args.new)
+    q = onert_times(args.int8_package, args.reps, args.new) if args.int8_package else None
+    th_pos, th_tps, th_tokens = torch_times(model, args.reps, args.new)
+    by_op, work = trace(package, args.trace_steps)
+
+    cols = ["onert f32", "onert int8", "torch eager", "f32/torch"]
+    print(f"\nDecode, 125M Llama (12 layers, hidden 768, 4 KV heads, vocab 32000), max_seq_len {MAX_SEQ_LEN}; "
+          f"torch threads {torch.get_num_threads()}, onert single-threaded CPU backend")
+    print(f"{'':28}" + "".join(f"{c:>14}" for c in cols))
+    print("-" * (28 + 14 * len(cols)))
+    for p in POSITIONS:
+        row = [f"{on_pos[p] * 1e3:.1f} ms", f"{q[0][p] * 1e3:.1f} ms" if q else "n/a", f"{th_pos[p] * 1e3:.1f} ms",
+               f"{on_pos[p] / th_pos[p]:.2f}x"]
+        print(f"{f'per token @ position {p}':28}" + "".join(f"{c:>14}" for c in row))
+    row = [f"{on_tps:.1f}", f"{q[1]:.1f}" if q else "n/a", f"{th_tps:.1f}", f"{on_tps / th_tps:.2f}x"]
+    print(f"{f'tokens/s ({args.new} new, greedy)':28}" + "".join(f"{c:>14}" for c in row))
+    flat = max(on_pos.values()) / min(on_pos.values())
+    print(f"\nonert per-token time, position 512 vs 16: {on_pos[512] / on_pos[16]:.2f}x (max/min {flat:.2f}x)")
+    print(f"same greedy tokens onert vs torch: {on_tokens == th_tokens}")
+    print(f"onert prefill of {PROMPT} tokens (prefill_len {PREFILL_LEN}): {on_prefill * 1e3:.1f} ms")
+    total = sum(by_op.values())
+    print(f"\nwhere the onert decode time goes (TRACING_MODE=1, {args.trace_steps} steps near position 128, "
+          f"per-op averages summed by type; trace in {work}):")
+    for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  {op:<18} {us / 1e3:7.2f} ms  {100 * us / total:5.1f} %")
+    print(f"  {'total':<18} {total / 1e3:7.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

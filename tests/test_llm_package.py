@@ -1,0 +1,119 @@
+"""The LLM package: manifest vs the Circle files, save/load, and the errors users can cause."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+from circle_fx.circle.reader import read_circle
+from circle_fx.llm import LLMPackage, LLMRunner
+from llm_models import tiny
+
+S, P = 16, 4
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    model = tiny("llama")
+    pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P)
+    d = str(tmp_path_factory.mktemp("pkg"))
+    pkg.save(d)
+    return model, pkg, d
+
+
+def _io(path):
+    m = read_circle(path)
+    return m
+
+
+def test_manifest_matches_the_circle_files(saved):
+    model, pkg, d = saved
+    with open(os.path.join(d, "manifest.json")) as f:
+        m = json.load(f)
+    cfg = model.config
+    assert m["max_seq_len"] == S and m["prefill_len"] == P and m["format"] == "circle_fx.llm"
+    assert m["cache"]["shape"] == [1, cfg.num_key_value_heads, S, cfg.hidden_size // cfg.num_attention_heads]
+    L = cfg.num_hidden_layers
+    assert m["cache"]["names"] == [f"{k}_cache_{i}" for i in range(L) for k in ("key", "value")]
+    dec_in = {e["name"]: e for e in m["decode"]["inputs"]}
+    assert dec_in["input_ids"]["shape"] == [1, 1] and dec_in["input_ids"]["dtype"] == "int32"
+    assert dec_in["position"]["shape"] == [1] and dec_in["position"]["dtype"] == "int32"
+    for n in m["cache"]["names"]:
+        assert dec_in[n]["shape"] == m["cache"]["shape"] and dec_in[n]["dtype"] == "float32"
+    dec_out = {e["name"]: e for e in m["decode"]["outputs"]}
+    assert dec_out["logits"]["shape"] == [1, 1, cfg.vocab_size]
+    pre_out = {e["name"]: e for e in m["prefill"]["outputs"]}
+    for w in m["decode"]["cache_writes"]:
+        assert dec_out[w["output"]]["shape"] == m["cache"]["shape"][:2] + [1] + m["cache"]["shape"][3:]
+        assert w["cache"] in dec_in and w["axis"] == 2
+    for w in m["prefill"]["cache_writes"]:
+        assert pre_out[w["output"]]["shape"] == m["cache"]["shape"][:2] + [P] + m["cache"]["shape"][3:]
+    # the slots in the manifest are the files' real input/output order and names
+    for part in ("decode", "prefill"):
+        from circle_fx.circle.runtime import OnertSession
+
+        sess = OnertSession(os.path.join(d, m[part]["file"])).session.session
+        assert sess.input_size() == len(m[part]["inputs"]) and sess.output_size() == len(m[part]["outputs"])
+        for e in m[part]["inputs"]:
+            info = sess.input_tensorinfo(e["index"])
+            assert list(info.dims[:info.rank]) == e["shape"], (part, e)
+
+
+def test_load_and_save_elsewhere(saved, tmp_path):
+    model, pkg, d = saved
+    loaded = LLMPackage.load(d)
+    assert loaded.manifest == pkg.manifest and loaded.decode is None
+    loaded.save(tmp_path / "copy")
+    assert sorted(os.listdir(tmp_path / "copy")) == ["decode.circle", "manifest.json", "prefill.circle"]
+    ids = torch.tensor([[3, 4, 5]])
+    want = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)[0].tolist()
+    assert LLMRunner(tmp_path / "copy").generate(ids, 8, eos_token_ids=[]) == want
+
+
+def test_eos_stops_generation(saved):
+    model, pkg, d = saved
+    r = LLMRunner(d)
+    full = r.generate([3, 4], 10, eos_token_ids=[])
+    stop = full[4]  # the third new token
+    assert r.generate([3, 4], 10, eos_token_ids=[stop])[-1] == stop
+    assert len(r.generate([3, 4], 10, eos_token_ids=[stop])) <= 5
+
+
+def test_errors(saved, tmp_path):
+    model, pkg, d = saved
+    r = LLMRunner(d)
+    with pytest.raises(circle_fx.InputError, match="max_seq_len 16"):
+        r.generate(list(range(17)), 1)  # prompt longer than the cache
+    with pytest.raises(circle_fx.InputError, match="needs 20 cache positions"):
+        r.generate(list(range(10)), 11)
+    with pytest.raises(circle_fx.InputError, match="position 16 is past the KV cache"):
+        r.step(1, 16)
+    with pytest.raises(circle_fx.InputError, match="token ids must be in 0..127"):
+        r.generate([500], 2)
+    with pytest.raises(circle_fx.InputError, match="batch size 2"):
+        r.generate(torch.zeros(2, 3, dtype=torch.long), 2)
+    with pytest.raises(circle_fx.InputError, match="no such directory"):
+        LLMRunner(tmp_path / "missing")
+    with pytest.raises(circle_fx.InputError, match="no manifest.json"):
+        LLMRunner(tmp_path)
+    broken = tmp_path / "broken"
+    LLMPackage.load(d).save(broken)
+    os.unlink(broken / "decode.circle")
+    with pytest.raises(circle_fx.InputError, match="decode.circle is missing"):
+        LLMRunner(broken)
+
+
+def test_export_errors():
+    model = tiny("llama")
+    with pytest.raises(circle_fx.InputError, match="max_seq_len"):
+        circle_fx.export_llm(model, max_seq_len=1)
+    with pytest.raises(circle_fx.InputError, match="prefill_len"):
+        circle_fx.export_llm(model, max_seq_len=8, prefill_len=9)
+    with pytest.raises(circle_fx.InputError, match="causal LM"):
+        circle_fx.export_llm(torch.nn.Linear(3, 3), max_seq_len=8)
+    with pytest.raises(circle_fx.UnsupportedDtypeError, match="model.float"):
+        circle_fx.export_llm(tiny("llama").to(torch.bfloat16), max_seq_len=8)

@@ -1,0 +1,58 @@
+"""The RoPE fusion family: HF ``q*cos + rotate_half(q)*sin`` -> Circle ROPE, only where onert is exact."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+import circle_fx
+from circle_fx.fusions.rope import fuse_rope
+
+
+class Rotate(torch.nn.Module):
+    """HF's own apply_rotary_pos_emb on BHSD q/k with cos/sin computed from positions."""
+
+    def __init__(self, positions, dim=16):
+        super().__init__()
+        inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+        freqs = torch.outer(torch.tensor(positions, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos()[None])  # [1, S, D]
+        self.register_buffer("sin", emb.sin()[None])
+
+    def forward(self, q, k):
+        return apply_rotary_pos_emb(q, k, self.cos * 1.0, self.sin * 1.0)
+
+
+def _pipeline():
+    p = circle_fx.default_pipeline()
+    p.insert_after("fuse_rms_norm", fuse_rope())
+    return p
+
+
+def test_one_position_fuses_and_matches_eager_in_onert():
+    m = Rotate([37])
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16)
+    cm = circle_fx.export(m, (q, k), passes=_pipeline())
+    assert cm.op_histogram()["ROPE"] == 2
+    assert [f.kind for f in cm.report.fusions] == ["rope", "rope"]
+    want = m(q, k)
+    got = cm.run(q, k)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), atol=1e-6)
+
+
+def test_several_positions_stay_decomposed():
+    """onert's ROPE applies table row 0 to every position: fusing this would be wrong."""
+    m = Rotate([0, 1, 2, 3])
+    q, k = torch.randn(1, 4, 4, 16), torch.randn(1, 2, 4, 16)
+    cm = circle_fx.export(m, (q, k), passes=_pipeline())
+    assert cm.op_histogram()["ROPE"] == 0
+    for g, w in zip(cm.run(q, k), m(q, k)):
+        np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
+
+
+def test_not_in_default_pipeline():
+    m = Rotate([5])
+    cm = circle_fx.export(m, (torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16)))
+    assert cm.op_histogram()["ROPE"] == 0
