@@ -25,6 +25,7 @@ import torch
 from .. import api
 from ..errors import InputError, UnsupportedDtypeError
 from ..passes import default_pipeline
+from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
 from .package import LLMPackage
 
@@ -122,7 +123,9 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     training = model.training
     model.eval()
     try:
-        decode_pipe = default_pipeline()
+        decode_pipe, prefill_pipe = default_pipeline(), default_pipeline()
+        for pipe in (decode_pipe, prefill_pipe):
+            pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
         if rope_op:
             from ..fusions.rope import fuse_rope
 
@@ -134,8 +137,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
                           decode_pipe, verbose)
         idsP = torch.zeros(1, P, dtype=torch.int32)
         last = torch.zeros(1, dtype=torch.int32)
-        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], default_pipeline(),
-                           verbose)
+        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe, verbose)
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)

@@ -4,9 +4,11 @@ One lowering for static and dynamic (sequence or batch) lengths: every intermedi
 made from ``ctx.dims`` (-1 for a dynamic dim), so a dynamic length simply carries -1
 through.
 
-- Grouped-query attention repeats key/value head ``h // group`` for query head ``h`` with
-  one GATHER on the head axis (indices are known at compile time; no shape operand, so it
-  works for dynamic lengths too).
+- Grouped-query attention with static shapes multiplies each key/value head with its group
+  of query heads (``attention_gqa.py``: no copy of K/V, which in a KV-cache decode step is
+  the whole cache). With a dynamic length it repeats key/value head ``h // group`` for query
+  head ``h`` with one GATHER on the head axis (indices are known at compile time; no shape
+  operand).
 - onert ignores BATCH_MATMUL's adjoint flags, so K is transposed explicitly.
 - Masks: ``is_causal=True`` adds a constant ``-inf`` upper triangle; with a dynamic length
   it is built on device from prefix-sum positions (``scan.causal_allowed``: onert 0.1.0 has
@@ -60,6 +62,10 @@ def sdpa(ctx, node):
     if rank == 4 and kh[1] != qh[1]:
         if qh[1] % kh[1]:
             raise ctx.error(f"query heads {qh[1]} are not a multiple of key/value heads {kh[1]}")
+        if not dynamic and not is_causal:
+            from .attention_gqa import sdpa_grouped
+
+            return sdpa_grouped(ctx, node, q, k, v, mask, scale)
         kt, kd, kh = _repeat_heads(ctx, kt, kd, kh, qh[1], dt, "k")
         vt, vd, vh = _repeat_heads(ctx, vt, vd, vh, qh[1], dt, "v")
     perm = list(range(rank))
