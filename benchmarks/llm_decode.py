@@ -171,20 +171,26 @@ def main(argv=None) -> int:
         print(f"exported to {package} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     on_pos, on_tps, on_prefill, on_tokens = onert_times(package, args.reps, args.new)
     q = onert_times(args.int8_package, args.reps, args.new) if args.int8_package else None
+    threads = torch.get_num_threads()
     th_pos, th_tps, th_tokens = torch_times(model, args.reps, args.new)
+    torch.set_num_threads(1)  # onert's CPU backend runs these ops on one thread: the like-for-like baseline
+    t1_pos, t1_tps, _ = torch_times(model, args.reps, args.new)
+    torch.set_num_threads(threads)
     by_op, work = trace(package, args.trace_steps)
 
-    cols = ["onert f32", "onert int8", "torch eager", "f32/torch"]
-    print(f"\nDecode, 125M Llama (12 layers, hidden 768, 4 KV heads, vocab 32000), max_seq_len {MAX_SEQ_LEN}; "
-          f"torch threads {torch.get_num_threads()}, onert single-threaded CPU backend")
-    print(f"{'':28}" + "".join(f"{c:>14}" for c in cols))
-    print("-" * (28 + 14 * len(cols)))
+    cols = ["onert f32", "onert int8", f"torch {threads}thr", "torch 1thr", f"f32/torch{threads}", "f32/torch1"]
+    print(f"\nDecode, 125M Llama (12 layers, hidden 768, 4 KV heads, vocab 32000), float32, max_seq_len {MAX_SEQ_LEN}; "
+          f"onert single-threaded CPU backend; torch eager with DynamicCache")
+    print(f"{'':28}" + "".join(f"{c:>13}" for c in cols))
+    print("-" * (28 + 13 * len(cols)))
     for p in POSITIONS:
         row = [f"{on_pos[p] * 1e3:.1f} ms", f"{q[0][p] * 1e3:.1f} ms" if q else "n/a", f"{th_pos[p] * 1e3:.1f} ms",
-               f"{on_pos[p] / th_pos[p]:.2f}x"]
-        print(f"{f'per token @ position {p}':28}" + "".join(f"{c:>14}" for c in row))
-    row = [f"{on_tps:.1f}", f"{q[1]:.1f}" if q else "n/a", f"{th_tps:.1f}", f"{on_tps / th_tps:.2f}x"]
-    print(f"{f'tokens/s ({args.new} new, greedy)':28}" + "".join(f"{c:>14}" for c in row))
+               f"{t1_pos[p] * 1e3:.1f} ms", f"{on_pos[p] / th_pos[p]:.2f}x", f"{on_pos[p] / t1_pos[p]:.2f}x"]
+        print(f"{f'per token @ position {p}':28}" + "".join(f"{c:>13}" for c in row))
+    row = [f"{on_tps:.1f}", f"{q[1]:.1f}" if q else "n/a", f"{th_tps:.1f}", f"{t1_tps:.1f}", f"{on_tps / th_tps:.2f}x",
+           f"{on_tps / t1_tps:.2f}x"]
+    print(f"{f'tokens/s ({args.new} new, greedy)':28}" + "".join(f"{c:>13}" for c in row))
+    print("(per-token rows: time ratio onert/torch, < 1 = onert faster; tokens/s row: speed ratio, > 1 = onert faster)")
     flat = max(on_pos.values()) / min(on_pos.values())
     print(f"\nonert per-token time, position 512 vs 16: {on_pos[512] / on_pos[16]:.2f}x (max/min {flat:.2f}x)")
     print(f"same greedy tokens onert vs torch: {on_tokens == th_tokens}")

@@ -117,3 +117,18 @@ def test_export_errors():
         circle_fx.export_llm(torch.nn.Linear(3, 3), max_seq_len=8)
     with pytest.raises(circle_fx.UnsupportedDtypeError, match="model.float"):
         circle_fx.export_llm(tiny("llama").to(torch.bfloat16), max_seq_len=8)
+
+
+def test_eager_attention_gets_an_additive_mask(tmp_path):
+    """attn_implementation="eager" adds the mask to the scores: export_llm builds a float mask for it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    assert model.config._attn_implementation == "eager"
+    runner = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P).runner(str(tmp_path / "eager"))
+    ids = torch.tensor([[7, 8, 9, 10, 11, 12]])
+    want = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None)[0].tolist()
+    assert runner.generate(ids, 10, eos_token_ids=[]) == want

@@ -65,14 +65,12 @@ def _as_mask(visible: torch.Tensor, float_mask: bool, dtype) -> torch.Tensor:
 
 def _masks(config, visible_full, visible_sliding, float_mask, dtype):
     kinds = layer_kinds(config)
+    if kinds is None:  # one mask for every layer (sliding when the config has a window, e.g. Mistral)
+        return _as_mask(visible_sliding, float_mask, dtype)
     full = _as_mask(visible_full, float_mask, dtype)
-    if kinds is None:
-        return full
     out = {"full_attention": full}
-    if "sliding_attention" in kinds:
+    if "sliding_attention" in kinds:  # export_llm has rejected any other layer type
         out["sliding_attention"] = _as_mask(visible_sliding, float_mask, dtype)
-    for k in set(kinds) - set(out):
-        raise ValueError(f"layer type {k!r}")  # caught by export_llm and reported
     return out
 
 

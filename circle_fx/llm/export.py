@@ -98,14 +98,14 @@ def _rename_inputs(program, names: list[str]) -> None:
     program.input_names = [n.name for n in placeholders]
 
 
-def _capture(module, args, input_names, pipeline, verbose):
+def _capture(module, args, input_names, pipeline):
     program = api.capture(module, args)
     _rename_inputs(program, input_names)
     return api.lower(program, passes=pipeline)
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
-               eos_token_ids=None, verbose: bool | None = None) -> LLMPackage:
+               eos_token_ids=None) -> LLMPackage:
     """Export ``model`` (a transformers ``…ForCausalLM``, float32) as a prefill model and a
     decode-step model with an explicit KV cache of ``max_seq_len`` positions per layer.
 
@@ -134,10 +134,10 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         ids1 = torch.zeros(1, 1, dtype=torch.int32)
         pos = torch.zeros(1, dtype=torch.int32)
         decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
-                          decode_pipe, verbose)
+                          decode_pipe)
         idsP = torch.zeros(1, P, dtype=torch.int32)
         last = torch.zeros(1, dtype=torch.int32)
-        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe, verbose)
+        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe)
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)

@@ -5,7 +5,9 @@ once (``nnfw_session.set_input`` keeps a pointer to the caller's buffer: no copy
 step); after each step the runner writes the new K/V row (a model output) into the
 caches in place. The token id and position inputs are bound the same way. This is the
 cheapest design measured in onert 0.1.0 (shared matrix §6: 3.3–4.0 ms vs 8 ms for 22
-layers when the caches are passed through ``infer()``).
+layers when the caches are passed through ``infer()``). The low-level session API
+(``prepare``/``set_input``/``run``/``get_output``) also sidesteps onert's Python ``infer()``
+bug with uint8 inputs (matrix, note 1), should a quantized package ever take one.
 """
 from __future__ import annotations
 
