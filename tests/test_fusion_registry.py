@@ -83,7 +83,7 @@ def test_builtin_rms_norm_family_owns_its_op_mapping_and_hints():
     assert rms.op is torch.ops.circle.rms_norm.default
     assert aten.rms_norm.default in rms.composites
     assert rms.candidates and rms.pass_name == "fuse_rms_norm"
-    assert [f.name for f in families()] == ["rms_norm"]
+    assert [f.name for f in families()] == ["rms_norm", "rope"]
 
 
 def _code_without_docs(module) -> str:
@@ -107,7 +107,7 @@ def test_explain_has_no_rms_norm_constants():
 
 def test_registered_family_gets_its_fuse_pass(gelu_family):
     names = circle_fx.default_pipeline().names()
-    assert names == ["decompose", "canonicalize", "fold_constants", "dce", "fuse_rms_norm", "fuse_gelu_erf",
+    assert names == ["decompose", "canonicalize", "fold_constants", "dce", "fuse_rms_norm", "fuse_rope", "fuse_gelu_erf",
                      "merge_linears", "fold_views", "dce"]
 
 

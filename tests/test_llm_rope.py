@@ -6,7 +6,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import circle_fx
-from circle_fx.fusions.rope import fuse_rope
+from circle_fx.fusions import get_family
 
 
 class Rotate(torch.nn.Module):
@@ -24,16 +24,10 @@ class Rotate(torch.nn.Module):
         return apply_rotary_pos_emb(q, k, self.cos * 1.0, self.sin * 1.0)
 
 
-def _pipeline():
-    p = circle_fx.default_pipeline()
-    p.insert_after("fuse_rms_norm", fuse_rope())
-    return p
-
-
 def test_one_position_fuses_and_matches_eager_in_onert():
     m = Rotate([37])
     q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16)
-    cm = circle_fx.export(m, (q, k), passes=_pipeline())
+    cm = circle_fx.export(m, (q, k))
     assert cm.op_histogram()["ROPE"] == 2
     assert [f.kind for f in cm.report.fusions] == ["rope", "rope"]
     want = m(q, k)
@@ -46,13 +40,24 @@ def test_several_positions_stay_decomposed():
     """onert's ROPE applies table row 0 to every position: fusing this would be wrong."""
     m = Rotate([0, 1, 2, 3])
     q, k = torch.randn(1, 4, 4, 16), torch.randn(1, 2, 4, 16)
-    cm = circle_fx.export(m, (q, k), passes=_pipeline())
+    cm = circle_fx.export(m, (q, k))
     assert cm.op_histogram()["ROPE"] == 0
     for g, w in zip(cm.run(q, k), m(q, k)):
         np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
 
 
-def test_not_in_default_pipeline():
+def test_family_is_registered_and_removable():
+    rope = get_family("rope")
+    assert rope.op is torch.ops.circle.rope.default and rope.pass_name == "fuse_rope"
+    assert "fuse_rope" in circle_fx.default_pipeline().names()
     m = Rotate([5])
-    cm = circle_fx.export(m, (torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16)))
+    inputs = (torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16))
+    cm = circle_fx.export(m, inputs, passes=circle_fx.default_pipeline().remove_pass("fuse_rope"))
     assert cm.op_histogram()["ROPE"] == 0
+
+
+def test_explain_says_why_several_positions_stay_decomposed():
+    m = Rotate([0, 1, 2])
+    result = circle_fx.explain(m, (torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)))
+    text = result.format()
+    assert "rope" in text.lower() and "one position" in text, text

@@ -11,9 +11,10 @@ small wrapper module (``cache.py``) that calls the user's model's own ``forward`
   RANGE/CUMSUM and no DYNAMIC_UPDATE_SLICE, and this needs neither.
 
 Two files, not one with two signatures: onert 0.1.0 ignores SignatureDefs and always runs
-subgraph 0. The decode model replaces HF's decomposed ``q*cos + rotate_half(q)*sin`` by
-Circle's ROPE op (exact in onert for one position per call); the prefill model keeps the
-decomposed form, because onert's ROPE applies the first table row to every position.
+subgraph 0. In the decode model the RoPE fusion family (``circle_fx/fusions/rope.py``, in
+the default pipeline) replaces HF's decomposed ``q*cos + rotate_half(q)*sin`` by Circle's
+ROPE op (exact in onert for one position per call); in the prefill model its check keeps
+the decomposed form, because onert's ROPE applies the first table row to every position.
 """
 from __future__ import annotations
 
@@ -126,10 +127,8 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         decode_pipe, prefill_pipe = default_pipeline(), default_pipeline()
         for pipe in (decode_pipe, prefill_pipe):
             pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
-        if rope_op:
-            from ..fusions.rope import fuse_rope
-
-            decode_pipe.insert_after("fuse_rms_norm", fuse_rope())
+        if not rope_op:  # the RoPE family is in the default pipeline; it fuses only the decode model
+            decode_pipe.remove_pass("fuse_rope")
         caches = [torch.zeros(1, spec.num_kv_heads, S, spec.head_dim, dtype=spec.torch_dtype) for _ in cache_names]
         ids1 = torch.zeros(1, 1, dtype=torch.int32)
         pos = torch.zeros(1, dtype=torch.int32)
