@@ -54,10 +54,3 @@ def test_family_is_registered_and_removable():
     inputs = (torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16))
     cm = circle_fx.export(m, inputs, passes=circle_fx.default_pipeline().remove_pass("fuse_rope"))
     assert cm.op_histogram()["ROPE"] == 0
-
-
-def test_explain_says_why_several_positions_stay_decomposed():
-    m = Rotate([0, 1, 2])
-    result = circle_fx.explain(m, (torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)))
-    text = result.format()
-    assert "rope" in text.lower() and "one position" in text, text
