@@ -132,3 +132,18 @@ def test_eager_attention_gets_an_additive_mask(tmp_path):
     ids = torch.tensor([[7, 8, 9, 10, 11, 12]])
     want = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None)[0].tolist()
     assert runner.generate(ids, 10, eos_token_ids=[]) == want
+
+
+def test_single_mask_sliding_window_mistral(tmp_path):
+    """Mistral has no per-layer types: one mask for every layer, sliding (window 4 < context)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=4)
+    model = MistralForCausalLM(cfg).eval()
+    pkg = circle_fx.export_llm(model, max_seq_len=24, prefill_len=6)
+    assert pkg.manifest["sliding_window"] == 4
+    ids = torch.tensor([[5, 17, 9, 33, 2, 100, 7, 8]])
+    want = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[0].tolist()
+    assert pkg.runner(str(tmp_path / "mistral")).generate(ids, 12, eos_token_ids=[]) == want
