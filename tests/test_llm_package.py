@@ -49,9 +49,10 @@ def test_manifest_matches_the_circle_files(saved):
     pre_out = {e["name"]: e for e in m["prefill"]["outputs"]}
     for w in m["decode"]["cache_writes"]:
         assert dec_out[w["output"]]["shape"] == m["cache"]["shape"][:2] + [1] + m["cache"]["shape"][3:]
-        assert w["cache"] in dec_in and w["axis"] == 2
+        assert w["cache"] in dec_in and w["axis"] == 2 and w["first_cache_row"] == "position" and w["count"] == 1
     for w in m["prefill"]["cache_writes"]:
         assert pre_out[w["output"]]["shape"] == m["cache"]["shape"][:2] + [P] + m["cache"]["shape"][3:]
+        assert w["first_cache_row"] == 0 and w["count"] == "length"
     # the slots in the manifest are the files' real input/output order and names
     for part in ("decode", "prefill"):
         from circle_fx.circle.runtime import OnertSession

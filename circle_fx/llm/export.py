@@ -170,8 +170,9 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
                   "names": [f"{kind}_cache_{i}" for i in range(spec.num_layers) for kind in ("key", "value")]},
         "prefill": {"file": "prefill.circle", "inputs": mf.io_entries(prefill.builder, "inputs"),
                     "outputs": mf.io_entries(prefill.builder, "outputs"),
-                    "cache_writes": mf.cache_writes(spec.num_layers, "0..length-1 -> positions 0..length-1")},
+                    "cache_writes": mf.cache_writes(spec.num_layers, "0..length-1 -> positions 0..length-1",
+                                                    0, "length")},
         "decode": {"file": "decode.circle", "inputs": mf.io_entries(decode.builder, "inputs"),
                    "outputs": mf.io_entries(decode.builder, "outputs"),
-                   "cache_writes": mf.cache_writes(spec.num_layers, "0 -> position")},
+                   "cache_writes": mf.cache_writes(spec.num_layers, "0 -> position", "position", 1)},
     }

@@ -14,11 +14,13 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
       "cache": {"layout": "BHSD", "shape": [1, Hkv, S, D], "dtype": "float32", "initial": 0.0,
                 "names": ["key_cache_0", "value_cache_0", ...]},   # 2 per layer, in this order
       "prefill": {"file": "prefill.circle", "inputs": [IO...], "outputs": [IO...],
-                  "cache_writes": [{"output": "key_0", "cache": "key_cache_0",
-                                    "axis": 2, "rows": "0..length-1 -> positions 0..length-1"}, ...]},
+                  "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
+                                    "first_cache_row": 0, "count": "length",
+                                    "rows": "0..length-1 -> positions 0..length-1"}, ...]},
       "decode":  {"file": "decode.circle", "inputs": [IO...], "outputs": [IO...],
-                  "cache_writes": [{"output": "key_0", "cache": "key_cache_0",
-                                    "axis": 2, "rows": "0 -> position"}, ...]}
+                  "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
+                                    "first_cache_row": "position", "count": 1,
+                                    "rows": "0 -> position"}, ...]}
     }
 
 ``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
@@ -60,8 +62,12 @@ def io_entries(builder, which: str) -> list[dict]:
     return out
 
 
-def cache_writes(num_layers: int, rows: str) -> list[dict]:
-    return [{"output": f"{kind}_{i}", "cache": f"{kind}_cache_{i}", "axis": 2, "rows": rows}
+def cache_writes(num_layers: int, rows: str, first_cache_row, count) -> list[dict]:
+    """One entry per cache: output rows ``0..count-1`` (along ``axis``) go to cache rows
+    ``first_cache_row..``; ``first_cache_row``/``count`` are ints or the names of run-time
+    values (``"position"``, ``"length"``); ``rows`` says the same in words."""
+    return [{"output": f"{kind}_{i}", "cache": f"{kind}_cache_{i}", "axis": 2, "first_cache_row": first_cache_row,
+             "count": count, "rows": rows}
             for i in range(num_layers) for kind in ("key", "value")]
 
 
