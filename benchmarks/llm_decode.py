@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--new", type=int, default=32, help="new tokens for the tokens/s measurement")
     ap.add_argument("--trace-steps", type=int, default=20)
+    ap.add_argument("--keep", action="store_true", help="keep the package this run exported (printed on stderr)")
     args = ap.parse_args(argv)
 
     import torch
@@ -163,8 +165,8 @@ def main(argv=None) -> int:
     import circle_fx
 
     model = build_model()
-    package = args.package
-    if package is None:
+    package, made = args.package, args.package is None
+    if made:
         package = tempfile.mkdtemp(prefix="llm_decode_")
         t = time.perf_counter()
         circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN).save(package)
@@ -177,6 +179,8 @@ def main(argv=None) -> int:
     t1_pos, t1_tps, _ = torch_times(model, args.reps, args.new)
     torch.set_num_threads(threads)
     by_op, work = trace(package, args.trace_steps)
+    if made and not args.keep:
+        shutil.rmtree(package, ignore_errors=True)  # two ~480 MB files
 
     cols = ["onert f32", "onert int8", f"torch {threads}thr", "torch 1thr", f"f32/torch{threads}", "f32/torch1"]
     print(f"\nDecode, 125M Llama (12 layers, hidden 768, 4 KV heads, vocab 32000), float32, max_seq_len {MAX_SEQ_LEN}; "
