@@ -2,7 +2,8 @@
 
 Same tokens for 32 new tokens, and the logits each token was picked from within 1e-4,
 for a 1-token prompt, a prompt shorter than the prefill model (padding) and one longer
-(the tail goes through decode steps). Gemma3's sliding window (6) is shorter than the
+(the tail goes through decode steps), each with the prompt run through the prefill model
+and through decode steps only. Gemma3's sliding window (6) is shorter than the
 context, so its per-layer-type masks are exercised, not just present.
 """
 from __future__ import annotations
@@ -44,8 +45,10 @@ def test_same_tokens_as_transformers(exported, prompt):
         ref = model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=None,
                              output_scores=True, return_dict_in_generate=True)
     want = ref.sequences[0].tolist()
-    got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True)
     assert len(want) == len(ids[0]) + NEW
-    assert got == want, f"{family}/{prompt}: onert {got[len(ids[0]):]} vs transformers {want[len(ids[0]):]}"
-    diff = max(float(np.abs(g - s[0].numpy()).max()) for g, s in zip(logits, ref.scores))
-    assert diff < 1e-4, f"{family}/{prompt}: logits differ by {diff}"
+    for use_prefill in (True, False):  # the prompt through the prefill model, or through decode steps
+        got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
+        where = f"{family}/{prompt}/prefill={use_prefill}"
+        assert got == want, f"{where}: onert {got[len(ids[0]):]} vs transformers {want[len(ids[0]):]}"
+        diff = max(float(np.abs(g - s[0].numpy()).max()) for g, s in zip(logits, ref.scores))
+        assert diff < 1e-4, f"{where}: logits differ by {diff}"

@@ -148,3 +148,12 @@ def test_single_mask_sliding_window_mistral(tmp_path):
     ids = torch.tensor([[5, 17, 9, 33, 2, 100, 7, 8]])
     want = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[0].tolist()
     assert pkg.runner(str(tmp_path / "mistral")).generate(ids, 12, eos_token_ids=[]) == want
+
+
+def test_auto_prefill_choice(saved):
+    """A short prompt in a long prefill model goes through decode steps (the padded prefill
+    would compute every row); a prompt filling the prefill model uses it."""
+    r = LLMRunner(saved[2])
+    r.prefill_len = 128  # the cost rule only (prefill ~ 5 + 0.08 * 128 = 15 decode steps)
+    assert not r.prefill_pays(1) and not r.prefill_pays(14)
+    assert r.prefill_pays(16) and r.prefill_pays(128) and r.prefill_pays(500)

@@ -112,12 +112,27 @@ class LLMRunner:
         return self.decode.output(self._dout["logits"]).reshape(-1)
 
     # ------------------------------------------------------------ generation
-    def generate(self, input_ids, max_new_tokens: int, eos_token_ids=None, return_logits: bool = False):
+    #: one prefill call costs about FIXED + PER_ROW * prefill_len decode steps (the padded
+    #: prompt is always computed in full). Measured on the 125M Llama in onert: prefill_len 16
+    #: ~6 steps, 128 ~15 steps (benchmarks/README.md).
+    PREFILL_COST_FIXED, PREFILL_COST_PER_ROW = 5.0, 0.08
+
+    def prefill_pays(self, prompt_len: int) -> bool:
+        """Is one (padded) prefill call cheaper than feeding the prompt's first
+        ``prefill_len`` tokens as decode steps? A short prompt in a long prefill model is not."""
+        cost = self.PREFILL_COST_FIXED + self.PREFILL_COST_PER_ROW * self.prefill_len
+        return min(prompt_len, self.prefill_len) >= cost
+
+    def generate(self, input_ids, max_new_tokens: int, eos_token_ids=None, return_logits: bool = False,
+                 use_prefill: bool | None = None):
         """Greedy decoding; returns the prompt followed by the new tokens (as ``model.generate``).
 
         Stops after ``max_new_tokens`` or at an EOS id (``eos_token_ids``, default the
         manifest's; pass ``[]`` to never stop early). ``return_logits=True`` returns
         ``(tokens, logits)`` with the [V] logits each new token was picked from.
+        ``use_prefill``: run the prompt through the prefill model (True) or through decode
+        steps one token at a time (False); None picks by cost, see :meth:`prefill_pays`.
+        Both give the same tokens.
         """
         ids = _as_ids(input_ids)
         if max_new_tokens < 0:
@@ -136,9 +151,10 @@ class LLMRunner:
             raise InputError(f"token ids must be in 0..{vocab - 1}, got {[t for t in ids if not 0 <= t < vocab][:5]}")
         eos = set(self.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.reset()
-        head = ids[:self.prefill_len]
-        logits = self.run_prefill(head)
-        for p in range(len(head), len(ids)):  # a prompt longer than the prefill model
+        prefill = self.prefill_pays(len(ids)) if use_prefill is None else use_prefill
+        head = ids[:self.prefill_len] if prefill else []
+        logits = self.run_prefill(head) if head else None
+        for p in range(len(head), len(ids)):  # decode steps: a short prompt, or one longer than the prefill model
             logits = self.step(ids[p], p)
         out, seen = list(ids), []
         for k in range(max_new_tokens):
