@@ -16,7 +16,7 @@ FACTORY = os.path.join(HERE, "llm_models.py") + ":tiny_llama_factory"
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("cli") / "pkg")
-    assert main(["export-llm", FACTORY, "-o", out, "--max-seq-len", "24", "--prefill-len", "4"]) == 0
+    assert main(["export-llm", FACTORY, "-o", out, "--max-seq-len", "24", "--prefill-len", "4", "--check"]) == 0
     return out
 
 

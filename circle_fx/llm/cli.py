@@ -23,13 +23,47 @@ def cmd_export_llm(args) -> int:
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"{args.model}() must return a model or (model, example_inputs), got {type(model).__name__}")
     pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope)
+    checked = _check(pkg, model, args.check) if args.check else None
     pkg.save(args.output)
     m = pkg.manifest
     print(f"wrote {args.output}: prefill.circle ({pkg.prefill.size:,} bytes), decode.circle "
           f"({pkg.decode.size:,} bytes), manifest.json; max_seq_len {m['max_seq_len']}, "
           f"prefill_len {m['prefill_len']}, {m['model']['num_layers']} layers, "
           f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}")
+    if checked:
+        print(f"--check: onert and transformers generate the same {checked} greedy tokens "
+              "(prompt through prefill, and through decode steps)")
     return 0
+
+
+def _check(pkg, model, new_tokens: int) -> int:
+    """Greedy tokens from onert vs ``model.generate`` before anything is written."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from ..errors import CircleFxError
+
+    m = pkg.manifest
+    prompt = [t % m["model"]["vocab_size"] for t in range(1, 1 + min(5, m["max_seq_len"] // 2))]
+    new_tokens = max(1, min(new_tokens, m["max_seq_len"] - len(prompt) + 1))
+    tmp = tempfile.mkdtemp(prefix="circle_fx_llm_check_")
+    try:
+        runner = pkg.runner(tmp)
+        with torch.no_grad():
+            want = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                                  eos_token_id=None)[0].tolist()
+        for use_prefill in (True, False):
+            got = runner.generate(prompt, new_tokens, eos_token_ids=[], use_prefill=use_prefill)
+            if got != want:
+                raise CircleFxError(f"--check: onert generated {got[len(prompt):]} but transformers "
+                                    f"{want[len(prompt):]} (prompt {prompt}, use_prefill={use_prefill}); "
+                                    "nothing was written")
+    finally:
+        pkg.directory = None  # the package is saved for real by the caller
+        shutil.rmtree(tmp, ignore_errors=True)
+    return new_tokens
 
 
 def _ids(text: str) -> list[int]:
@@ -60,6 +94,9 @@ def add_commands(sub) -> None:
     e.add_argument("--prefill-len", type=int, default=None, help="prompt length of the prefill model "
                    "(default: max-seq-len; longer prompts continue through decode)")
     e.add_argument("--no-rope", action="store_true", help="keep RoPE decomposed in the decode model")
+    e.add_argument("--check", type=int, nargs="?", const=16, default=0, metavar="N",
+                   help="before writing, generate N (default 16) greedy tokens in onert and in transformers "
+                        "and fail unless they are the same")
     e.set_defaults(func=cmd_export_llm)
 
     g = sub.add_parser("generate", help="greedy generation with an export-llm package, in onert")
