@@ -157,3 +157,12 @@ def test_auto_prefill_choice(saved):
     r.prefill_len = 128  # the cost rule only (prefill ~ 5 + 0.08 * 128 = 15 decode steps)
     assert not r.prefill_pays(1) and not r.prefill_pays(14)
     assert r.prefill_pays(16) and r.prefill_pays(128) and r.prefill_pays(500)
+
+
+def test_rope_op_false_keeps_rope_decomposed(saved, tmp_path):
+    model = saved[0]
+    pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, rope_op=False)
+    assert pkg.decode.op_histogram()["ROPE"] == 0 and saved[1].decode.op_histogram()["ROPE"] == 4
+    ids = torch.tensor([[3, 4, 5]])
+    want = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)[0].tolist()
+    assert pkg.runner(str(tmp_path / "norope")).generate(ids, 8, eos_token_ids=[]) == want

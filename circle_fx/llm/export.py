@@ -112,7 +112,8 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
 
     ``prefill_len`` (default ``max_seq_len``) is the fixed prompt length of the prefill model
     (shorter prompts are right-padded; longer ones continue through decode). ``rope_op``:
-    use Circle's ROPE op in the decode model (False keeps the decomposed form).
+    use Circle's ROPE op in the decode model (False keeps the decomposed form). Both models
+    also run :class:`~circle_fx.passes.gqa.GroupedQueryAttention` (no K/V head copies).
     ``eos_token_ids`` overrides the ones recorded from ``model.generation_config``.
     Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
     """
