@@ -20,6 +20,7 @@ from circle_fx.emit.emitter import emit
 from circle_fx.emit.registry import LOWERINGS, builtin_targets
 from circle_fx.emit.writer import serialize
 from circle_fx.model import CircleModel, ExportReport
+from circle_fx.fusions.rope import rope
 from circle_fx.ops import rms_norm
 from circle_fx.source import op_name
 
@@ -177,6 +178,7 @@ CASES = {
     aten.new_ones.default: (Fn(lambda x: x + x.new_ones((4,))), (X,)),
     aten.new_zeros.default: (Fn(lambda x: x + x.new_zeros((4,))), (X,)),
     aten.new_full.default: (Fn(lambda x: x + x.new_full((4,), 2.5)), (X,)),
+    rope: (Fn(rope), (r(1, 2, 1, 8), r(1, 1, 8, seed=1), r(1, 1, 8, seed=2))),  # one position; 3-D tables reshaped
 }
 
 #: targets that only appear in a graph exported with dynamic shapes: target -> (module, inputs, dynamic_shapes)

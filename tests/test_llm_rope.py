@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -54,3 +55,17 @@ def test_family_is_registered_and_removable():
     inputs = (torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16))
     cm = circle_fx.export(m, inputs, passes=circle_fx.default_pipeline().remove_pass("fuse_rope"))
     assert cm.op_histogram()["ROPE"] == 0
+
+
+def test_circle_rope_with_several_positions_is_refused():
+    """Called directly (the fusion never does this), circle.rope with a table of several
+    positions would be silently wrong in onert: the lowering refuses it."""
+    from circle_fx.fusions.rope import rope
+
+    class Direct(torch.nn.Module):
+        def forward(self, x, s, c):
+            return rope(x, s, c)
+
+    x, t = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    with pytest.raises(circle_fx.UnsupportedOpError, match="one position"):
+        circle_fx.export(Direct(), (x, t, t))

@@ -386,6 +386,23 @@ def _rms_norm(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), x)
 
 
+def _rope(c: _Checker, op: OperatorView):
+    """onert's ROPE: 4-D x with an even last dim D, inputs (x, sin, cos), 4-D tables ending in D;
+    it applies the tables' first row to every position, so more than one row is silently wrong."""
+    if len(op.inputs) != 3:
+        return f"{len(op.inputs)} inputs; ROPE takes (x, sin, cos)"
+    x = c.dims(op.inputs[0])
+    if len(x) != 4 or (x[-1] is not None and x[-1] % 2):
+        return f"input {_fmt(x)}; onert's ROPE takes a 4-D input with an even last dim"
+    for name, i in (("sin", op.inputs[1]), ("cos", op.inputs[2])):
+        t = c.dims(i)
+        if len(t) != 4 or not _same(t[-1], x[-1]):
+            return f"{name} table {_fmt(t)} should be 4-D ending in {x[-1]}"
+        if any(d != 1 for d in t[:-1]):
+            return f"{name} table {_fmt(t)} holds several positions; onert's ROPE would use the first for all"
+    return _expect(c.dims(op.outputs[0]), x)
+
+
 def _fully_connected(c: _Checker, op: OperatorView):
     if len(op.inputs) != 3:
         return f"has {len(op.inputs)} inputs; onert needs 3 (bias -1 when absent)"
@@ -607,7 +624,7 @@ _UNARY = ["NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LO
 
 _RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
 _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})
-_RULES.update({BO.RMS_NORM: _rms_norm, BO.FULLY_CONNECTED: _fully_connected,
+_RULES.update({BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
                BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile, BO.PAD: _pad,

@@ -18,11 +18,15 @@ GPT_NEOX = 0
 def lower_rope(ctx, node):
     x, sin, cos = node.args
     dt = ctx.dtype(x)
-    d = ctx.static_shape(x)[-1]
+    d = ctx.dims(x, static=True)[-1]
     tables = []
     for name, t in (("sin", sin), ("cos", cos)):
+        dims = ctx.dims(t, static=True)
+        if dims[-1] != d or any(k != 1 for k in dims[:-1]):
+            raise ctx.error(f"{name} table {dims}: onert's ROPE is exact only for one position "
+                            f"([..., {d}] with every other dim 1); it would apply row 0 to every position")
         idx = operand(ctx, t, dt)
-        if ctx.static_shape(t) != [1, 1, 1, d]:
+        if ctx.dims(t, static=True) != [1, 1, 1, d]:
             r = ctx.new_tensor([1, 1, 1, d], dt, f"{name}4d")
             ctx.op(BO.RESHAPE, [idx, ctx.int_const([1, 1, 1, d])], [r])
             idx = r
