@@ -12,6 +12,7 @@ import torch
 
 _lib = torch.library.Library("circle", "DEF")  # noqa: keep a reference for the process lifetime
 _lib.define("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor")
+_lib.define("rope(Tensor x, Tensor sin, Tensor cos) -> Tensor")
 
 
 def _rms_norm_eager(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
@@ -36,3 +37,20 @@ _lib.impl("rms_norm", _rms_norm_eager, "CompositeExplicitAutograd")
 torch.library.register_fake("circle::rms_norm", _rms_norm_fake, lib=_lib)
 
 rms_norm = torch.ops.circle.rms_norm.default
+
+
+def _rope_eager(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX rotation (transformers' ``rotate_half``) in Circle ROPE's argument order (x, sin, cos)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _rope_fake(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_lib.impl("rope", _rope_eager, "CompositeExplicitAutograd")
+torch.library.register_fake("circle::rope", _rope_fake, lib=_lib)
+
+rope = torch.ops.circle.rope.default

@@ -20,8 +20,7 @@ from circle_fx.emit.emitter import emit
 from circle_fx.emit.registry import LOWERINGS, builtin_targets
 from circle_fx.emit.writer import serialize
 from circle_fx.model import CircleModel, ExportReport
-from circle_fx.fusions.rope import rope
-from circle_fx.ops import rms_norm
+from circle_fx.ops import rms_norm, rope
 from circle_fx.source import op_name
 
 from onert_eager import Fn, assert_onert_matches_eager

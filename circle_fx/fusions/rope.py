@@ -18,31 +18,13 @@ import math
 import torch
 
 from ..fx_utils import dtype_of, make_node, shape_of
+from ..ops import rope
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
 from .registry import FusionFamily, register_family
 
 aten = torch.ops.aten
 
-_lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
-_lib.define("rope(Tensor x, Tensor sin, Tensor cos) -> Tensor")
-
-
-def _rope_eager(x, sin, cos):
-    """The GPT-NeoX rotation, in the argument order of Circle's ROPE (x, sin, cos)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-def _rope_fake(x, sin, cos):
-    return torch.empty_like(x)
-
-
-_lib.impl("rope", _rope_eager, "CompositeExplicitAutograd")
-torch.library.register_fake("circle::rope", _rope_fake, lib=_lib)
-
-rope = torch.ops.circle.rope.default
 
 
 def rope_rotate_half(x, cos, sin, dim, half, end, step, cat_dim):

@@ -5,11 +5,12 @@ made from ``ctx.dims`` (-1 for a dynamic dim), so a dynamic length simply carrie
 through.
 
 - Grouped-query attention with static shapes multiplies each key/value head with its group
-  of query heads (``attention_gqa.py``: no copy of K/V, which in a KV-cache decode step is
+  of query heads (``_attention_gqa.py``: no copy of K/V, which in a KV-cache decode step is
   the whole cache). With a dynamic length it repeats key/value head ``h // group`` for query
   head ``h`` with one GATHER on the head axis (indices are known at compile time; no shape
   operand).
-- onert ignores BATCH_MATMUL's adjoint flags, so K is transposed explicitly.
+- K is transposed explicitly here (the grouped path uses BATCH_MATMUL's adjointRhs, which
+  onert 0.1.0 honours: docs/onert-findings.md §3 and §7).
 - Masks: ``is_causal=True`` adds a constant ``-inf`` upper triangle; with a dynamic length
   it is built on device from prefix-sum positions (``scan.causal_allowed``: onert 0.1.0 has
   no RANGE/CUMSUM), which needs the dim's max. A constant boolean mask (the folded
@@ -63,7 +64,7 @@ def sdpa(ctx, node):
         if qh[1] % kh[1]:
             raise ctx.error(f"query heads {qh[1]} are not a multiple of key/value heads {kh[1]}")
         if not dynamic and not is_causal:
-            from .attention_gqa import sdpa_grouped
+            from ._attention_gqa import sdpa_grouped
 
             return sdpa_grouped(ctx, node, q, k, v, mask, scale)
         kt, kd, kh = _repeat_heads(ctx, kt, kd, kh, qh[1], dt, "k")
