@@ -26,7 +26,8 @@ REWRITES = {torch.ops.aten.index.Tensor: flat_index}
 
 
 class DecomposeComposites(Pass):
-    """Replace composite ops (``aten.rms_norm``) by Circle ops or primitive aten ops."""
+    """Replace composite ops (``aten.rms_norm``) by Circle ops or primitive aten ops, then
+    decompose every op that has no lowering into ops that do (when possible)."""
 
     name = "decompose"
 
@@ -50,7 +51,10 @@ class DecomposeComposites(Pass):
                 n.replace_all_uses_with(new)
                 g.erase_node(n)
                 changed = True
-        return changed
+        # the general fallback: ops without a lowering -> ops with one (see decompose_unlowered)
+        from .decompose_unlowered import decompose_unlowered
+
+        return decompose_unlowered(program) or changed
 
 
 def _op_name(target) -> str:

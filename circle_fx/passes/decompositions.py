@@ -1,0 +1,124 @@
+"""circle_fx's own decompositions, for ops torch's tables leave whole (or decompose into ops
+onert 0.1.0 lacks). Consulted first by :mod:`circle_fx.passes.decompose_unlowered`.
+
+Each is plain torch code on static shapes, traced with ``make_fx``; every op it produces
+must itself have a lowering (or depend on no input, and fold to a constant).
+
+- ``gather`` / ``scatter`` along a dim: onert 0.1.0 has no GATHER_ND / SCATTER_ND, so they
+  are written as a one-hot comparison against ``arange`` (a constant) plus a select and a
+  sum. Exact (``where`` picks values, the sum adds zeros), also for infinities; costs
+  ``index.numel() * size(dim)`` elements, fine for routers and small index sets.
+- ``*_like`` / ``new_*`` factories: the result depends only on the (static) shape, so they
+  become ``full`` (a constant after folding); ``empty`` variants are zeros.
+- ``copy(x, src)``: the value is ``src`` cast and broadcast to ``x``'s shape.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _one_hot(index: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``index`` with a new axis after ``dim``: True where ``index == j`` for position ``j``."""
+    shape = [1] * (index.dim() + 1)
+    shape[dim + 1] = size
+    positions = torch.arange(size, dtype=index.dtype).reshape(shape)
+    return index.unsqueeze(dim + 1) == positions
+
+
+def gather(x, dim, index, sparse_grad=False):
+    dim %= max(x.dim(), 1)
+    n = x.shape[dim]
+    hot = _one_hot(index, dim, n)                           # [..., m, n, ...]
+    xs = x.unsqueeze(dim)                                   # [..., 1, n, ...]
+    if index.shape[:dim] != x.shape[:dim] or index.shape[dim + 1:] != x.shape[dim + 1:]:
+        xs = xs.narrow(dim + 1, 0, n)
+        for d in range(x.dim()):
+            if d != dim and index.shape[d] != x.shape[d]:
+                xs = xs.narrow(d if d < dim else d + 1, 0, index.shape[d])
+    picked = torch.where(hot, xs, torch.zeros((), dtype=x.dtype))
+    return picked.sum(dim + 1)
+
+
+def _scatter(x, dim, index, src):
+    dim %= max(x.dim(), 1)
+    n = x.shape[dim]
+    if any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != dim):
+        raise NotImplementedError("scatter with an index smaller than self outside dim")
+    hot = _one_hot(index, dim, n)                           # [..., m, n, ...]
+    if not isinstance(src, torch.Tensor):
+        src = torch.full(index.shape, src, dtype=x.dtype)
+    src = src.to(x.dtype)
+    if tuple(src.shape) != tuple(index.shape):
+        src = src.narrow(dim, 0, index.shape[dim])
+    vals = torch.where(hot, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim)
+    hit = hot.to(torch.int32).sum(dim) > 0                  # [..., n, ...]
+    return torch.where(hit, vals, x)
+
+
+def scatter_src(x, dim, index, src):
+    return _scatter(x, dim, index, src)
+
+
+def scatter_value(x, dim, index, value):
+    return _scatter(x, dim, index, value)
+
+
+def _factory(fill):
+    def like(x, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, **kw):
+        value = fill(args) if callable(fill) else fill
+        return torch.full(x.shape, value, dtype=dtype or x.dtype)
+    return like
+
+
+def _new(fill):
+    def new(x, size, *args, dtype=None, layout=None, device=None, pin_memory=None, **kw):
+        value = fill(args) if callable(fill) else fill
+        return torch.full(list(size), value, dtype=dtype or x.dtype)
+    return new
+
+
+def copy(x, src, non_blocking=False):
+    return src.to(x.dtype).expand(x.shape).clone()
+
+
+def expm1(x):
+    # exp(x) - 1: absolute error ~1 ulp of 1 near 0 (relative precision of tiny results is lost)
+    return torch.exp(x) - 1
+
+
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    correction = 1 if correction is None else correction
+    mean = x.mean(dims, keepdim=True)
+    var = (x - mean).pow(2).sum(dims, keepdim=keepdim) / max(count - correction, 0)
+    return var, (mean if keepdim else mean.squeeze(dims))
+
+
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+DECOMPOSITIONS = {
+    aten.expm1.default: expm1,
+    aten.var_mean.correction: var_mean,
+    aten.var.correction: var,
+    aten.gather.default: gather,
+    aten.scatter.src: scatter_src,
+    aten.scatter.value: scatter_value,
+    aten.full_like.default: _factory(lambda a: a[0]),
+    aten.zeros_like.default: _factory(0),
+    aten.ones_like.default: _factory(1),
+    aten.empty_like.default: _factory(0),
+    aten.new_empty.default: _new(0),
+    aten.new_zeros.default: _new(0),
+    aten.new_ones.default: _new(1),
+    aten.new_full.default: _new(lambda a: a[0]),
+    aten.copy.default: copy,
+    aten.min.other: lambda a, b: torch.minimum(a, b),
+    aten.max.other: lambda a, b: torch.maximum(a, b),
+}

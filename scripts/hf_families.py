@@ -1,0 +1,171 @@
+"""Every decoder-only causal-LM family of the installed ``transformers``, as tiny random models.
+
+The list is not hand-picked: it is ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (model type ->
+``XForCausalLM`` class). Each family's config is built generically: the family's own
+defaults, with the usual size attributes (those the default config has, directly or via its
+``attribute_map``) overridden to tiny values, so a model builds and runs in a second.
+Families with several layer kinds (``layer_types``: sliding/full attention, conv/attention,
+linear attention...) keep one layer of each kind, so every kind is exercised.
+
+A family is *skipped* (with the reason) when its class is not a plain text decoder:
+encoder-decoder / multimodal wrappers (``...ForConditionalGeneration``), models that need
+inputs other than ``input_ids``, or classes missing from this transformers build.
+
+Used by ``scripts/model_support.py`` (the table in docs/model-support.md) and by the slow
+test ``tests/test_hf_families.py``.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+SEED = 0
+SEQ_LEN = 8
+VOCAB = 256
+
+#: tiny sizes, applied to every attribute of this name the family's default config has
+TINY = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=VOCAB, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    # mixture of experts
+    moe_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
+    n_shared_experts=1, shared_expert_intermediate_size=64, n_group=2, topk_group=1, first_k_dense_replace=1,
+    # MLA (DeepSeek-style latent attention)
+    kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+    # local attention shorter than the test sequence, so the window matters
+    sliding_window=4, attention_chunk_size=4,
+    # GPT-2-style spellings of the same sizes (most configs map them via attribute_map)
+    n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=128, d_model=64, ffn_dim=128,
+    # recurrent / state-space blocks
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, state_size=8, time_step_rank=8,
+    # misc. size knobs that otherwise make "tiny" models large
+    intermediate_size_mlp=128, block_multiple_of=16,
+    # Python loops over huge default lists / dims
+    layer_scan_block=1,
+)
+
+
+@dataclass(frozen=True)
+class HfFamily:
+    model_type: str
+    model_class: str
+    #: why the family is not run (None: it is a text decoder we build and try)
+    skip: str | None = None
+
+
+def enumerate_families() -> list[HfFamily]:
+    """One entry per model type in transformers' causal-LM auto mapping (sorted)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out = []
+    for model_type, cls_name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
+        skip = None
+        if not hasattr(transformers, cls_name):
+            skip = f"{cls_name} is not importable from this transformers build"
+        elif "ConditionalGeneration" in cls_name:
+            skip = f"{cls_name} is a multimodal / encoder-decoder wrapper (needs non-text inputs)"
+        out.append(HfFamily(model_type, cls_name, skip))
+    return out
+
+
+def _layer_types(default) -> list | None:
+    """One layer of each kind the family's default config uses (at least two layers)."""
+    types = getattr(default, "layer_types", None)
+    if not isinstance(types, (list, tuple)) or not types:
+        return None
+    distinct = list(dict.fromkeys(types))
+    while len(distinct) < 2:
+        distinct.append(distinct[-1])
+    return distinct
+
+
+def tiny_config(model_type: str):
+    """The family's default config with the :data:`TINY` sizes it knows about."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default = cls()
+        kwargs = {k: v for k, v in TINY.items() if _has_attr(default, k)}
+        if "qk_rope_head_dim" in kwargs and "head_dim" in kwargs:
+            kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary dims are the "head_dim"
+        types = _layer_types(default)
+        if types is not None:
+            kwargs["layer_types"] = types
+            kwargs["num_hidden_layers"] = len(types)
+        config = cls(**kwargs)
+    if getattr(config, "text_config", None) is not None and not _has_attr(default, "hidden_size"):
+        raise SkipFamily(f"{cls.__name__} is a composite config (text + other modalities)")
+    config.use_cache = False
+    return config
+
+
+def _has_attr(config, name: str) -> bool:
+    return name in getattr(config, "attribute_map", {}) or name in vars(config)
+
+
+class SkipFamily(Exception):
+    """The family cannot be built as a plain tiny text decoder (the message says why)."""
+
+
+def is_rms_norm_module(module: torch.nn.Module) -> bool:
+    """RMSNorm classes by name (``...RMSNorm``, ``...RMSNormGated``...), T5's ``T5LayerNorm``."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from families import is_rms_norm_module as by_name  # the rule the family tests use
+
+    return by_name(module) or "RMSNorm" in type(module).__name__
+
+
+def build(model_type: str, model_class: str) -> torch.nn.Module:
+    """The tiny random model, norm scales perturbed away from ones/zeros (a dropped or
+    wrongly applied norm weight must change the output)."""
+    import transformers
+
+    config = tiny_config(model_type)
+    cls = getattr(transformers, model_class)
+    params = inspect.signature(cls.forward).parameters
+    if "input_ids" not in params:
+        raise SkipFamily(f"{model_class}.forward takes no input_ids")
+    torch.manual_seed(SEED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls(config).eval()
+    gen = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        for m in model.modules():
+            w = getattr(m, "weight", None)
+            if is_rms_norm_module(m) and isinstance(w, torch.Tensor) and w.ndim == 1:
+                w.add_(0.2 * torch.randn(w.shape, generator=gen))
+    return model
+
+
+def example_inputs() -> tuple[torch.Tensor]:
+    return (torch.randint(3, VOCAB, (1, SEQ_LEN), generator=torch.Generator().manual_seed(SEED)),)
+
+
+def example_kwargs(model) -> dict:
+    params = inspect.signature(model.forward).parameters
+    return {"use_cache": False} if "use_cache" in params else {}
+
+
+def eager_with_norm_calls(model, ids) -> tuple[torch.Tensor, int]:
+    """Eager logits and how many times RMSNorm modules ran (forward hooks)."""
+    calls = [0]
+    handles = [m.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+               for m in model.modules() if is_rms_norm_module(m)]
+    try:
+        with torch.no_grad():
+            out = model(*ids, **example_kwargs(model))
+    finally:
+        for h in handles:
+            h.remove()
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits, calls[0]

@@ -1,0 +1,195 @@
+"""Generate docs/model-support.md: which transformers causal-LM families circle_fx exports.
+
+    PYTHONPATH=$PWD python scripts/model_support.py            # every family (~15 min)
+    PYTHONPATH=$PWD python scripts/model_support.py llama lfm2 # some families, table not written
+
+For each family of ``scripts/hf_families.py`` (all of transformers' causal-LM auto mapping):
+build the tiny random model, count the RMSNorm modules it *executes* (forward hooks), export
+it with circle_fx (default pipeline, unpatched), run the Circle file in onert and compare the
+logits with eager. Each family runs in its own forked process with a timeout, so a crash or
+a hang in one family cannot stop the table. The results also go to docs/model-support.json,
+which the slow test tests/test_hf_families.py reads to know which families must keep working.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+import hf_families as hf  # noqa: E402
+
+TIMEOUT = 240  # seconds per family (export + onert run of a 2-layer model takes ~2-10 s)
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def check(fam: hf.HfFamily) -> dict:
+    """Everything the table says about one family (runs in the child process)."""
+    import numpy as np
+    import torch
+
+    import circle_fx
+    from circle_fx.errors import CircleFxError, UnsupportedOpError
+
+    torch.set_num_threads(1)
+    row = {"family": fam.model_type, "class": fam.model_class}
+    try:
+        model = hf.build(fam.model_type, fam.model_class)
+    except hf.SkipFamily as e:
+        return {**row, "status": "skipped", "reason": str(e)}
+    except Exception as e:
+        return {**row, "status": "skipped", "reason": f"tiny config does not build: {type(e).__name__}: "
+                                                      f"{_first_line(e)}"}
+    ids = hf.example_inputs()
+    try:
+        ref, norms = hf.eager_with_norm_calls(model, ids)
+    except Exception as e:
+        return {**row, "status": "skipped", "reason": f"eager forward fails: {type(e).__name__}: {_first_line(e)}"}
+    row["rms_modules"] = norms
+    if norms == 0:
+        row["scope"] = "no RMSNorm"
+    try:
+        cm = circle_fx.export(model, ids, example_kwargs=hf.example_kwargs(model), verbose=False)
+    except UnsupportedOpError as e:
+        ops = sorted({op for op, _, _ in e.ops})
+        return {**row, "status": "unsupported", "reason": ("no lowering for " + ", ".join(ops)) if ops
+                else _first_line(e), "ops": ops}
+    except CircleFxError as e:
+        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {_first_line(e)}"}
+    except Exception as e:
+        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {_first_line(e)}",
+                "trace": traceback.format_exc()[-2000:]}
+    row["rms_fused"] = int(cm.op_histogram()["RMS_NORM"])
+    try:
+        circle_fx.verify(cm)
+        out = cm.run(*ids)[0]
+    except CircleFxError as e:
+        return {**row, "status": "runtime", "reason": f"{type(e).__name__}: {_first_line(e)}"}
+    expected = ref.detach().numpy()
+    if out.shape != expected.shape:
+        return {**row, "status": "mismatch", "reason": f"shape {out.shape} != eager {expected.shape}"}
+    diff = float(np.abs(out - expected).max())
+    row["max_diff"] = diff
+    ok = bool(np.allclose(out, expected, rtol=RTOL, atol=ATOL))
+    row["status"] = "ok" if ok else "mismatch"
+    if not ok:
+        row["reason"] = f"max abs diff {diff:.3g} exceeds rtol={RTOL}, atol={ATOL}"
+    return row
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return (s.splitlines()[0] if s else type(e).__name__)[:300]
+
+
+def _child(fam, conn):
+    try:
+        conn.send(check(fam))
+    except BaseException as e:  # noqa: BLE001 - report anything, the parent keeps going
+        conn.send({"family": fam.model_type, "class": fam.model_class, "status": "failed",
+                   "reason": f"{type(e).__name__}: {_first_line(e)}"})
+
+
+def run_isolated(fam: hf.HfFamily, timeout: float = TIMEOUT) -> dict:
+    if fam.skip:
+        return {"family": fam.model_type, "class": fam.model_class, "status": "skipped", "reason": fam.skip}
+    ctx = mp.get_context("fork")  # torch/transformers are imported once, in the parent
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(fam, child))
+    start = time.time()
+    p.start()
+    child.close()
+    row = None
+    if parent.poll(timeout):
+        try:
+            row = parent.recv()
+        except EOFError:
+            row = None
+    p.join(5)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    if row is None:
+        why = f"timed out after {timeout:.0f} s" if time.time() - start >= timeout else f"crashed (exit code {p.exitcode})"
+        row = {"family": fam.model_type, "class": fam.model_class, "status": "failed", "reason": why}
+    row["seconds"] = round(time.time() - start, 1)
+    return row
+
+
+STATUS = {"ok": "yes", "mismatch": "yes, WRONG", "runtime": "yes, onert fails", "unsupported": "no",
+          "failed": "no", "skipped": "skipped"}
+
+
+def markdown(rows: list[dict]) -> str:
+    def cell(s):
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    rms_ok = [r for r in ok if r.get("rms_modules")]
+    tried = [r for r in rows if r["status"] != "skipped"]
+    lines = [
+        "# Model support: transformers causal-LM families",
+        "",
+        "Generated by `scripts/model_support.py` (do not edit by hand). Every model type of",
+        "`transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` is built from a",
+        "tiny random config (`scripts/hf_families.py`: the family's defaults with sizes shrunk, one",
+        "layer of each layer kind), exported unpatched with `circle_fx.export(model, (input_ids,),",
+        "example_kwargs={'use_cache': False})`, run in onert 0.1.0 and compared with eager",
+        f"(`rtol={RTOL}, atol={ATOL}`).",
+        "",
+        f"**{len(ok)} of {len(tried)} families built as text decoders export and match eager "
+        f"({len(rms_ok)} of them with RMSNorm); {len(rows) - len(tried)} skipped.**",
+        "",
+        "Columns: *RMSNorm calls* = RMSNorm modules the eager forward executes (forward hooks on",
+        "classes named `...RMSNorm...` or `T5LayerNorm`); *RMS_NORM ops* = fused operators in the",
+        "Circle file. They are equal when every norm fused.",
+        "",
+        "| family | class | exported | RMSNorm calls | RMS_NORM ops | max abs diff | reason / note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        diff = f"{r['max_diff']:.2g}" if "max_diff" in r else ""
+        note = r.get("reason", "")
+        if r["status"] == "ok" and r.get("rms_modules", 0) != r.get("rms_fused", 0):
+            note = (note + " " if note else "") + "not every RMSNorm fused"
+        if r.get("scope") and not note:
+            note = r["scope"]
+        lines.append("| " + " | ".join(cell(c) for c in (
+            r["family"], r["class"], STATUS.get(r["status"], r["status"]), r.get("rms_modules", ""),
+            r.get("rms_fused", ""), diff, note)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    fams = hf.enumerate_families()
+    if argv:
+        fams = [f for f in fams if f.model_type in argv]
+    rows = []
+    for f in fams:
+        row = run_isolated(f)
+        rows.append(row)
+        print(f"{row['family']:28s} {row['status']:11s} {row.get('seconds', ''):>6} "
+              f"{row.get('rms_modules', '')!s:>3} {row.get('rms_fused', '')!s:>3} {row.get('reason', '')[:150]}",
+              flush=True)
+    if not argv:
+        with open(os.path.join(ROOT, "docs", "model-support.md"), "w") as fh:
+            fh.write(markdown(rows))
+        with open(os.path.join(ROOT, "docs", "model-support.json"), "w") as fh:
+            json.dump([{k: v for k, v in r.items() if k != "trace"} for r in rows], fh, indent=1)
+            fh.write("\n")
+    else:
+        for r in rows:
+            if "trace" in r:
+                print(r["family"], r["trace"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
