@@ -97,6 +97,8 @@ def tiny_config(model_type: str):
         kwargs = {k: v for k, v in TINY.items() if _has_attr(default, k)}
         if "qk_rope_head_dim" in kwargs and "head_dim" in kwargs:
             kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary dims are the "head_dim"
+        if "kv_lora_rank" in kwargs and "num_key_value_heads" in kwargs:
+            kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA expands k/v per head
         types = _layer_types(default)
         if types is not None:
             kwargs["layer_types"] = types
@@ -156,11 +158,34 @@ def example_kwargs(model) -> dict:
     return {"use_cache": False} if "use_cache" in params else {}
 
 
+def computes_rms_norm(module: torch.nn.Module, args, out) -> bool:
+    """Whether this call's output is ``x * rsqrt(mean(x**2, -1) + eps) [* w | * (1 + w)]``:
+    catches RMSNorms under other names (Llama4's ``L2Norm``, weightless q/k norms)."""
+    if not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    x = args[0].float()
+    if out.shape != x.shape or not x.is_floating_point() or x.numel() == 0:
+        return False
+    eps = next((float(getattr(module, a)) for a in ("eps", "variance_epsilon", "epsilon", "norm_eps")
+                if isinstance(getattr(module, a, None), (int, float))), 1e-6)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    w = getattr(module, "weight", None)
+    scales = [None] if not isinstance(w, torch.Tensor) else [w.float(), 1 + w.float()]
+    return any(torch.allclose(out.float(), normed if s is None else normed * s, rtol=1e-4, atol=1e-5)
+               for s in scales)
+
+
 def eager_with_norm_calls(model, ids) -> tuple[torch.Tensor, int]:
-    """Eager logits and how many times RMSNorm modules ran (forward hooks)."""
+    """Eager logits and how many times RMSNorm modules ran (forward hooks): modules named
+    RMSNorm, and leaf modules named ``...Norm`` whose output is an RMSNorm of their input."""
     calls = [0]
-    handles = [m.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-               for m in model.modules() if is_rms_norm_module(m)]
+
+    def hook(mod, args, out):
+        if is_rms_norm_module(mod) or computes_rms_norm(mod, args, out):
+            calls[0] += 1
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if is_rms_norm_module(m) or ("Norm" in type(m).__name__ and not list(m.children()))]
     try:
         with torch.no_grad():
             out = model(*ids, **example_kwargs(model))

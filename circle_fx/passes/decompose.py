@@ -52,8 +52,10 @@ class DecomposeComposites(Pass):
                 g.erase_node(n)
                 changed = True
         # the general fallback: ops without a lowering -> ops with one (see decompose_unlowered)
+        from .complex_to_real import complex_to_real
         from .decompose_unlowered import decompose_unlowered
 
+        changed |= complex_to_real(program)
         return decompose_unlowered(program) or changed
 
 

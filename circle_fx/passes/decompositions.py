@@ -53,7 +53,7 @@ def _scatter(x, dim, index, src):
     if tuple(src.shape) != tuple(index.shape):
         src = src.narrow(dim, 0, index.shape[dim])
     vals = torch.where(hot, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim)
-    hit = hot.to(torch.int32).sum(dim) > 0                  # [..., n, ...]
+    hit = hot.to(torch.float32).sum(dim) > 0                # [..., n, ...]: counts are exact in float
     return torch.where(hit, vals, x)
 
 
