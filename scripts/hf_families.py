@@ -163,6 +163,8 @@ def computes_rms_norm(module: torch.nn.Module, args, out) -> bool:
     catches RMSNorms under other names (Llama4's ``L2Norm``, weightless q/k norms)."""
     if not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
+    if isinstance(module, torch.nn.LayerNorm) or isinstance(getattr(module, "bias", None), torch.Tensor):
+        return False  # a LayerNorm matches on zero-mean input (the output of another norm)
     x = args[0].float()
     if out.shape != x.shape or not x.is_floating_point() or x.numel() == 0:
         return False

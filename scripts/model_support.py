@@ -168,6 +168,12 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    # import once in the parent: every forked child starts with circle_fx and its passes loaded
+    import circle_fx  # noqa: F401
+    import circle_fx.emit.lowerings  # noqa: F401
+    import circle_fx.passes.complex_to_real  # noqa: F401
+    import circle_fx.passes.decompose_unlowered  # noqa: F401
+
     fams = hf.enumerate_families()
     if argv:
         fams = [f for f in fams if f.model_type in argv]

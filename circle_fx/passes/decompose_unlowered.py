@@ -173,9 +173,33 @@ def _same_meta(v, result) -> bool:
     return isinstance(r, torch.Tensor) and r.dtype == v.dtype and tuple(r.shape) == tuple(v.shape)
 
 
+def _key(node: fx.Node):
+    """Nodes with equal keys decompose to the same graph (a model repeats its layers)."""
+    def describe(a):
+        if isinstance(a, fx.Node):
+            v = val(a)
+            return ("T", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("?", id(a))
+        return a
+
+    try:
+        key = (node.target, repr(map_arg(node.args, describe)), repr(map_arg(node.kwargs, describe)),
+               tuple(node.all_input_nodes).__len__())
+        order = [node.all_input_nodes.index(a) for a in _flat_nodes(node.args, node.kwargs)]
+        return key + (tuple(order),)
+    except Exception:
+        return None
+
+
+def _flat_nodes(args, kwargs) -> list:
+    out: list = []
+    map_arg((args, kwargs), lambda a: out.append(a))
+    return out
+
+
 def decompose_unlowered(program, max_rounds: int = 4) -> bool:
     """Decompose every input-dependent node without a lowering; True if the graph changed."""
     table = _Restricted(_tables())
+    cache: dict = {}
     changed = False
     for _ in range(max_rounds):
         g = program.gm.graph
@@ -184,8 +208,15 @@ def decompose_unlowered(program, max_rounds: int = 4) -> bool:
         for n in list(g.nodes):
             if n.op != "call_function" or n not in live or lowering_for(n.target) is not None:
                 continue
-            gm = _trace(n, table)
-            if gm is None or not _lowerable(gm):
+            key = _key(n)
+            if key is None or key not in cache:
+                gm = _trace(n, table)
+                gm = gm if gm is not None and _lowerable(gm) else None
+                if key is not None:
+                    cache[key] = gm
+            else:
+                gm = cache[key]
+            if gm is None:
                 continue
             round_changed |= _inline(program, n, gm)
         changed |= round_changed
