@@ -19,7 +19,10 @@ from circle_fx.ops import rms_norm
 from circle_fx.passes import default_pipeline, finalize_pipeline, run_passes
 
 SQUARES = ("pow", "pow_float", "mul", "square")
-REDUCES = ("mean", "mean_pos", "sum_div", "sum_mul")
+#: "..._unsqueeze" / "mean_index": keepdim=False with the dim re-added at once (== keepdim=True);
+#: "vector_norm": ``linalg.vector_norm(x, dim=-1, keepdim=True) ** 2 / D`` (square and reduce in one)
+REDUCES = ("mean", "mean_pos", "sum_div", "sum_mul", "mean_unsqueeze", "mean_index", "sum_div_unsqueeze",
+           "vector_norm")
 INVERSES = ("rsqrt", "one_over_sqrt", "reciprocal_sqrt", "div_sqrt", "pow_m05")
 WEIGHTS = ("none", "after", "before", "inside", "on_scale", "gemma")
 CASTS = ("none", "llama", "gptoss", "t5", "double")
@@ -101,12 +104,23 @@ class NormModule(torch.nn.Module):
             return s.mean(-2, keepdim=True) if mean else s.sum(-2, keepdim=True) / s.shape[-2]
         if sp.flaw == "axes":
             return s.mean((-2, -1), keepdim=True)
-        if sp.flaw == "nokeep":
-            return (s.mean(-1) if mean else s.sum(-1) / n).unsqueeze(-1)
+        if sp.flaw == "nokeep":  # the dim is never re-added: broadcasts along the last axis (rows == D)
+            return s.mean(-1) if mean else s.sum(-1) / n
         return {"mean": lambda: s.mean(-1, keepdim=True),
+                "mean_unsqueeze": lambda: s.mean(-1).unsqueeze(-1),
+                "mean_index": lambda: s.mean(-1)[..., None],
+                "sum_div_unsqueeze": lambda: (s.sum(-1) / n).unsqueeze(-1),
                 "mean_pos": lambda: torch.mean(s, dim=s.dim() - 1, keepdim=True),
                 "sum_div": lambda: s.sum(-1, keepdim=True) / n,
                 "sum_mul": lambda: torch.sum(s, dim=[-1], keepdim=True) * (1.0 / n)}[sp.reduce]()
+
+    def _variance(self, v):
+        """``mean(v**2)`` in the chosen spelling (square flaws and axis flaws apply to the
+        ``vector_norm`` spelling too: it then falls back to the plain square + mean)."""
+        sp = self.sp
+        if sp.reduce == "vector_norm" and sp.flaw not in ("pow3", "xy", "axis", "axes", "nokeep"):
+            return torch.linalg.vector_norm(v, dim=-1, keepdim=True).pow(2) / v.shape[-1]
+        return self._reduce(self._square(v))
 
     def _w(self):
         if self.sp.flaw == "weight_shape":
@@ -153,16 +167,16 @@ class NormModule(torch.nn.Module):
             x = x - x.mean(-1, keepdim=True)
         if sp.cast in ("llama", "gptoss"):          # one up-cast copy used everywhere
             h = x.to(torch.float32)
-            var = self._reduce(self._square(h))
+            var = self._variance(h)
         elif sp.cast == "double":                   # x.float() written twice
             h = x.float()
-            var = self._reduce(self._square(x.float()))
+            var = self._variance(x.float())
         elif sp.cast == "t5":                       # only the variance is up-cast
             h = x
-            var = self._reduce(self._square(x.to(torch.float32)))
+            var = self._variance(x.to(torch.float32))
         else:
             h = x
-            var = self._reduce(self._square(h))
+            var = self._variance(h)
         y, interior = self._normalise(h, var)
         if sp.cast == "llama":                      # cast back, then the weight
             y = self._weight_outside(y.to(dt))
@@ -307,7 +321,11 @@ def cases(draw, flawed: bool, dtypes=(torch.float32, torch.float16, torch.bfloat
     needs_rows = sp.flaw in ("axis", "axes", "weight_shape")
     heads = draw(st.sampled_from([0, 0, 0, 2, 4]))
     d = draw(st.integers(2, 24))
-    if heads:
+    if sp.flaw == "nokeep":
+        # a reduction without keepdim only broadcasts back against [1.., D, D] (along the wrong axis)
+        shape = (1,) * draw(st.integers(0, 2)) + (d, d)
+        heads = 0
+    elif heads:
         shape = (draw(st.integers(1, 2)), draw(st.integers(1, 4)), heads * d)
     else:
         rank = draw(st.integers(2 if needs_rows else 1, 4))

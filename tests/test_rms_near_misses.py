@@ -23,6 +23,12 @@ CARRIERS = [Spelling(), Spelling(inverse="div_sqrt", weight="inside", square="mu
             Spelling(cast="llama", weight="before", inverse="pow_m05", eps_first=True)]
 
 
+def _shape(flaw, rows=7, d=16):
+    """The near misses' input shape; "nokeep" (a mean whose dim is never re-added) only
+    broadcasts back against x, along the wrong axis, when rows == D and the batch is 1."""
+    return (1, d, d) if flaw == "nokeep" else (2, rows, d)
+
+
 def _run(sp, shape=(2, 7, 16), dtype=torch.float32, heads=0):
     rows = heads if heads else shape[-2]
     model = NormModule(sp, shape[-1], wdtype=dtype, heads=heads, rows=rows)
@@ -37,13 +43,14 @@ def _run(sp, shape=(2, 7, 16), dtype=torch.float32, heads=0):
 @pytest.mark.parametrize("flaw", FLAWS_NOT_WEIGHT)
 def test_near_miss_is_not_fused(flaw, carrier, dtype):
     sp = CARRIERS[carrier].but(flaw=flaw)
-    _, program = _run(sp, dtype=dtype)
+    _, program = _run(sp, shape=_shape(flaw), dtype=dtype)
     assert rms_nodes(program) == [], program.gm.graph
 
 
 @pytest.mark.parametrize("flaw", FLAWS_NOT_WEIGHT)
 def test_near_miss_on_head_dim_is_not_fused(flaw):
-    _, program = _run(Spelling(flaw=flaw), shape=(2, 3, 32), heads=4)
+    # "nokeep": heads == head dim, so the un-re-added mean broadcasts (along the wrong axis)
+    _, program = _run(Spelling(flaw=flaw), shape=(1, 1, 16) if flaw == "nokeep" else (2, 3, 32), heads=4)
     assert rms_nodes(program) == []
 
 
@@ -132,8 +139,9 @@ ONERT_FLAWS = [f for f in FLAWS if f not in ("var_used", "scale_used")]
 @pytest.mark.parametrize("flaw", ONERT_FLAWS)
 def test_onert_float32_near_miss(flaw):
     sp = Spelling(flaw=flaw)
-    model = NormModule(sp, 16, rows=7)
-    x = torch.randn(2, 7, 16, generator=torch.Generator().manual_seed(2))
+    shape = _shape(flaw)
+    model = NormModule(sp, 16, rows=shape[1])
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
     cm = circle_fx.export(model, (x,))
     count, _ = expected_fusions(sp)
     assert cm.op_histogram().get("RMS_NORM", 0) == count

@@ -141,7 +141,9 @@ def merge_duplicate_casts(n, g):
     return None
 
 
-RULES: list[Rule] = [merge_duplicate_casts, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt,
+from .canonicalize_norms import RULES as NORM_RULES  # noqa: E402  (spellings of norm statistics)
+
+RULES: list[Rule] = [merge_duplicate_casts, *NORM_RULES, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt,
                      reduction_dtype_to_cast, sum_to_mean]
 
 

@@ -21,6 +21,7 @@ torch (causal masks, position ids), which is cheaper and exact.
 """
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -34,7 +35,10 @@ from ..program import add_constant
 aten = torch.ops.aten
 
 
+@functools.lru_cache(maxsize=1)
 def _tables() -> list[dict]:
+    """The decomposition tables, built once per process (materialising torch's core table
+    takes ~2 s)."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     from .decompositions import DECOMPOSITIONS
@@ -198,6 +202,10 @@ def _flat_nodes(args, kwargs) -> list:
 
 def decompose_unlowered(program, max_rounds: int = 4) -> bool:
     """Decompose every input-dependent node without a lowering; True if the graph changed."""
+    live = _depends_on_input(program.gm.graph)
+    if not any(n.op == "call_function" and n in live and lowering_for(n.target) is None
+               for n in program.gm.graph.nodes):
+        return False  # the common case: every op lowers, no table needed
     table = _Restricted(_tables())
     cache: dict = {}
     changed = False

@@ -103,7 +103,17 @@ def var(x, dim=None, *, correction=None, keepdim=False):
     return var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
 
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """The 2-norm of a real float tensor as ``sqrt(sum(x**2))``, the form the norm
+    canonicalization (``canonicalize_norms``) reads; other norms: torch's own table."""
+    if ord != 2 or dtype is not None or not x.is_floating_point():
+        return NotImplemented
+    dims = list(range(x.dim())) if dim is None else list(dim)
+    return torch.sqrt(torch.sum(x.pow(2), dims, keepdim=keepdim))
+
+
 DECOMPOSITIONS = {
+    aten.linalg_vector_norm.default: vector_norm,
     aten.expm1.default: expm1,
     aten.var_mean.correction: var_mean,
     aten.var.correction: var,
