@@ -575,7 +575,8 @@ def _tile(c: _Checker, op: OperatorView):
 
 
 def _pad(c: _Checker, op: OperatorView):
-    """PAD: paddings is a constant [rank, 2] (before, after) per axis."""
+    """PAD / PADV2 (constant value as a third input): paddings is a constant [rank, 2]
+    (before, after) per axis."""
     x = c.dims(op.inputs[0])
     pads = c.const_ints(op.inputs[1])
     if pads is None:
@@ -627,7 +628,7 @@ _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)}
 _RULES.update({BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
-               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile, BO.PAD: _pad,
+               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile, BO.PAD: _pad, BO.PADV2: _pad,
                BO.BROADCAST_TO: _broadcast_to, BO.ARG_MAX: _arg_max, BO.ARG_MIN: _arg_max})
 
 

@@ -112,7 +112,51 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return torch.sqrt(torch.sum(x.pow(2), dims, keepdim=keepdim))
 
 
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """1-D convolution (``conv1d``: LFM2's short causal conv, Mamba-style blocks) as a sum
+    over the kernel taps of shifted slices: depthwise (``groups == channels``) taps are a
+    per-channel MUL, ``groups == 1`` taps a matmul. Kernels are a handful of taps, so
+    this is K small ops; 2-D and other group counts are left to a future CONV_2D lowering."""
+    if transposed or x.dim() != 3 or len(stride) != 1:
+        return NotImplemented
+    c_in, c_out, k = x.shape[1], weight.shape[0], weight.shape[2]
+    if groups not in (1, c_in) or (groups == c_in and c_out != c_in):
+        return NotImplemented
+    s, p, d = stride[0], padding[0], dilation[0]
+    if p:
+        x = torch.nn.functional.pad(x, (p, p))
+    length = (x.shape[2] - d * (k - 1) - 1) // s + 1
+    xt = x.transpose(1, 2)                                                       # [B, L, C_in]
+    out = None
+    for tap in range(k):
+        xs = xt[:, tap * d: tap * d + s * (length - 1) + 1: s]                    # [B, L_out, C_in]
+        if groups == 1:
+            term = torch.nn.functional.linear(xs, weight[:, :, tap])               # FULLY_CONNECTED
+        else:
+            term = xs * weight[:, 0, tap]
+        out = term if out is None else out + term
+    if bias is not None:
+        out = out + bias
+    return out.transpose(1, 2)
+
+
+def log1p(x):
+    # log(1 + x): exact to ~1e-7 absolute; softplus = log1p(exp(x)) only needs that
+    return torch.log(x + 1)
+
+
+def flip(x, dims):
+    """``flip`` as a GATHER per flipped dim with constant reversed indices."""
+    for dim in dims:
+        n = x.shape[dim]
+        x = torch.index_select(x, dim, torch.arange(n - 1, -1, -1))
+    return x
+
+
 DECOMPOSITIONS = {
+    aten.log1p.default: log1p,
+    aten.flip.default: flip,
+    aten.convolution.default: convolution,
     aten.linalg_vector_norm.default: vector_norm,
     aten.expm1.default: expm1,
     aten.var_mean.correction: var_mean,
