@@ -1,0 +1,73 @@
+"""Every transformers causal-LM family that exports keeps exporting, fusing and matching.
+
+The families are enumerated programmatically (``scripts/hf_families.py``: transformers'
+``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, tiny random configs); ``scripts/model_support.py``
+records in ``docs/model-support.json`` which of them export and match. Every family recorded
+as exported is tested here: export (default pipeline, unpatched), one ``RMS_NORM`` per
+RMSNorm module the eager forward executes, onert vs eager within ``rtol=atol=1e-4``.
+
+Families whose norms do not all fuse are strict xfails naming the counts. A few families
+that exercise the general mechanisms (interleaved RoPE, complex RoPE + router scatter,
+short conv, xIELU) run in the default suite; the rest are ``slow`` (about 100 models).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import hf_families as hf  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-4
+TABLE = os.path.join(ROOT, "docs", "model-support.json")
+#: one family per general mechanism, in the default suite (the others are slow)
+FAST = {"glm": "stack/flatten RoPE", "llama4_text": "complex RoPE, scatter router",
+        "lfm2": "conv1d short convolution", "apertus": "xIELU (min.other, expm1)"}
+
+
+def _rows() -> list[dict]:
+    with open(TABLE) as fh:
+        return json.load(fh)
+
+
+def _params():
+    for row in _rows():
+        if row["status"] != "ok":
+            continue
+        marks = [] if row["family"] in FAST else [pytest.mark.slow]
+        if row.get("rms_modules", 0) != row.get("rms_fused", 0):
+            marks.append(pytest.mark.xfail(strict=True, reason=f"{row['rms_modules']} RMSNorm calls but "
+                                                               f"{row['rms_fused']} RMS_NORM ops"))
+        yield pytest.param(row, id=row["family"], marks=marks)
+
+
+def test_table_covers_every_enumerated_family():
+    """docs/model-support.json was generated from this transformers: same families."""
+    recorded = {r["family"] for r in _rows()}
+    current = {f.model_type for f in hf.enumerate_families()}
+    assert recorded == current, (sorted(current - recorded), sorted(recorded - current))
+
+
+@pytest.mark.parametrize("row", _params())
+def test_family_exports_fuses_and_matches_eager(row):
+    torch.set_num_threads(1)
+    model = hf.build(row["family"], row["class"])
+    ids = hf.example_inputs()
+    ref, executed = hf.eager_with_norm_calls(model, ids)
+    cm = circle_fx.export(model, ids, example_kwargs=hf.example_kwargs(model), verbose=False)
+    assert cm.op_histogram()["RMS_NORM"] == executed, cm.summary()
+    out = cm.run(*ids)[0]
+    expected = ref.detach().numpy()
+    assert out.shape == expected.shape
+    np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{row['family']}: max abs diff {np.abs(out - expected).max():.3g}")
+    assert float(expected.std()) > 100 * ATOL  # the comparison can fail: outputs are not constant
