@@ -92,7 +92,19 @@ def _first_line(e: BaseException) -> str:
     return (s.splitlines()[0] if s else type(e).__name__)[:300]
 
 
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGKILL when the runner dies, so no orphan keeps running."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def _child(fam, conn):
+    _die_with_parent()
     try:
         conn.send(check(fam))
     except BaseException as e:  # noqa: BLE001 - report anything, the parent keeps going
