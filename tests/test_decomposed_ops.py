@@ -75,6 +75,8 @@ CASES = {
     "xielu_min_expm1": (_xielu, [(3, 16)]),
     "multiply_alias": (lambda x, y: torch.multiply(x, y) + torch.subtract(x, y), [(3, 5), (3, 5)]),
     "repeat": (lambda x: x.repeat(2, 1, 3) * 2, [(2, 3, 4)]),
+    "repeat_4d_diffllama": (lambda x: x.repeat(1, 2, 1, 1) * 2, [(1, 2, 8, 16)]),  # was a rank-8 TRANSPOSE
+    "repeat_new_leading_dims": (lambda x: x.repeat(2, 1, 1, 2) * 2, [(2, 3, 4)]),
     "full_like_zeros_like": (lambda x: x * torch.full_like(x, 3.0) + torch.zeros_like(x) + torch.ones_like(x), [(2, 5)]),
     "scatter_topk_router": (_router_scatter, [(6, 5)]),
     "masked_fill": (lambda x: x.masked_fill(x > 0.3, -1.5), [(4, 6)]),

@@ -140,6 +140,20 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     return out.transpose(1, 2)
 
 
+def repeat(x, repeats):
+    """``repeat`` as one CONCATENATION per repeated dim. torch's decomposition expands to
+    ``2 * rank`` dims and permutes; onert 0.1.0 crashes or computes garbage on those rank-8
+    TRANSPOSE / BROADCAST_TO ops (DiffLlama's ``v.repeat(1, 2, 1, 1)``: segfault, or max diff
+    0.97), so the rank stays that of the result here."""
+    extra = len(repeats) - x.dim()
+    if extra:
+        x = x.reshape([1] * extra + list(x.shape))
+    for d, r in enumerate(repeats):
+        if r != 1:
+            x = torch.cat([x] * r, d)
+    return x
+
+
 def log1p(x):
     # log(1 + x): exact to ~1e-7 absolute; softplus = log1p(exp(x)) only needs that
     return torch.log(x + 1)
@@ -154,6 +168,7 @@ def flip(x, dims):
 
 
 DECOMPOSITIONS = {
+    aten.repeat.default: repeat,
     aten.log1p.default: log1p,
     aten.flip.default: flip,
     aten.convolution.default: convolution,
