@@ -110,6 +110,7 @@ class NormModule(torch.nn.Module):
                 "mean_unsqueeze": lambda: s.mean(-1).unsqueeze(-1),
                 "mean_index": lambda: s.mean(-1)[..., None],
                 "sum_div_unsqueeze": lambda: (s.sum(-1) / n).unsqueeze(-1),
+                "vector_norm": lambda: s.mean(-1, keepdim=True),  # only with a square/axis flaw (_variance)
                 "mean_pos": lambda: torch.mean(s, dim=s.dim() - 1, keepdim=True),
                 "sum_div": lambda: s.sum(-1, keepdim=True) / n,
                 "sum_mul": lambda: torch.sum(s, dim=[-1], keepdim=True) * (1.0 / n)}[sp.reduce]()

@@ -111,9 +111,10 @@ def test_several_axes():
     _check(TwoAxes(), "reduces 2 axes", "mean((-2, -1)", "_check_last_axis")
 
 
-def test_keepdim_false():
-    entry = _check(NoKeepdim(), "found %unsqueeze", "mean(-1).unsqueeze(-1)")
-    assert entry.rule == "rms_norm"
+def test_keepdim_false_readded_at_once_fuses():
+    """``mean(-1).unsqueeze(-1)`` is ``keepdim=True`` (issue 9): it fuses, nothing to explain."""
+    result = circle_fx.explain(NoKeepdim(), (torch.randn(2, 5, 16),))
+    assert len(result.fused) == 1 and result.entries == [], result.format()
 
 
 def test_pow3():
