@@ -170,6 +170,7 @@ CASES = {
     aten.index_select.default: (Fn(lambda x, i: x.index_select(1, i)), (X, torch.tensor([2, 0]))),
     aten.index.Tensor: (WithConst(lambda i, w: w[i], r(5, 4)), (ints(3),)),
     aten.repeat_interleave.self_int: (Fn(lambda x: x.repeat_interleave(2, dim=1)), (X,)),
+    aten.constant_pad_nd.default: (Fn(lambda x: (F.pad(x, (1, 2, 0, 1)), F.pad(x, (2, 0), value=-1.5))), (X,)),
     aten.scaled_dot_product_attention.default: (Fn(F.scaled_dot_product_attention),
                                                 (r(1, 2, 3, 4), r(1, 2, 3, 4, seed=1), r(1, 2, 3, 4, seed=2))),
     rms_norm: (torch.nn.RMSNorm(4, eps=1e-6), (X,)),
