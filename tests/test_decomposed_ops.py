@@ -79,6 +79,10 @@ CASES = {
     "repeat_new_leading_dims": (lambda x: x.repeat(2, 1, 1, 2) * 2, [(2, 3, 4)]),
     "full_like_zeros_like": (lambda x: x * torch.full_like(x, 3.0) + torch.zeros_like(x) + torch.ones_like(x), [(2, 5)]),
     "scatter_topk_router": (_router_scatter, [(6, 5)]),
+    "scatter_value_bool_mask": (lambda x: torch.ones(x.shape, dtype=torch.bool).scatter(
+        -1, torch.topk(x, 2, dim=-1).indices, False).float() * x, [(1, 4, 6)]),    # DeepSeek-V3.2 indexer
+    "scatter_value_duplicates": (lambda x: torch.zeros_like(x).scatter_(1, torch.tensor([[0, 0], [2, 2]]), 1.0) + x,
+                                 [(2, 3)]),
     "masked_fill": (lambda x: x.masked_fill(x > 0.3, -1.5), [(4, 6)]),
     "gather": (lambda x: torch.gather(x, 1, torch.topk(x, 3, dim=1).indices) * 2, [(4, 7)]),
     "tril_triu": (lambda x: torch.tril(x) - torch.triu(x, 1), [(5, 5)]),

@@ -42,19 +42,25 @@ def gather(x, dim, index, sparse_grad=False):
 
 
 def _scatter(x, dim, index, src):
+    """``scatter`` along ``dim`` with an index as large as ``x`` in the other dims. A scalar
+    value is selected (exact, duplicates included); a source tensor is picked by a sum over
+    the one-hot (torch leaves duplicate indices undefined; topk indices have none), in
+    float32 for non-float tensors (exact below 2**24)."""
     dim %= max(x.dim(), 1)
     n = x.shape[dim]
     if any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != dim):
         raise NotImplementedError("scatter with an index smaller than self outside dim")
     hot = _one_hot(index, dim, n)                           # [..., m, n, ...]
+    hit = hot.to(torch.float32).sum(dim) > 0                # [..., n, ...]: counts are exact in float
     if not isinstance(src, torch.Tensor):
-        src = torch.full(index.shape, src, dtype=x.dtype)
-    src = src.to(x.dtype)
+        if x.dtype == torch.bool:  # onert 0.1.0's SELECT_V2 has no bool kernel: logical ops
+            return torch.logical_or(x, hit) if src else torch.logical_and(x, torch.logical_not(hit))
+        return torch.where(hit, torch.full((), src, dtype=x.dtype), x)
+    acc = x.dtype if x.is_floating_point() else torch.float32
     if tuple(src.shape) != tuple(index.shape):
         src = src.narrow(dim, 0, index.shape[dim])
-    vals = torch.where(hot, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim)
-    hit = hot.to(torch.float32).sum(dim) > 0                # [..., n, ...]: counts are exact in float
-    return torch.where(hit, vals, x)
+    vals = torch.where(hot, src.to(acc).unsqueeze(dim + 1), torch.zeros((), dtype=acc)).sum(dim)
+    return torch.where(hit, vals.to(x.dtype), x)
 
 
 def scatter_src(x, dim, index, src):
