@@ -34,7 +34,7 @@ from torchao.quantization.pt2e.observer import MinMaxObserver
 from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, QuantizationSpec, Quantizer,
                                                  SharedQuantizationSpec)
 
-from ..fx_utils import CAST_OPS, IDENTITY_OPS
+from ..fx_utils import CAST_OPS, IDENTITY_OPS, SIDE_EFFECT_ONLY, is_noop
 from ..ops import rms_norm
 from ..program import Program
 
@@ -200,7 +200,10 @@ def _between(x: fx.Node, root: fx.Node) -> tuple[fx.Node, ...] | None:
     if root not in inside:
         return None
     for n in inside:
-        if n is not root and any(u not in inside for u in n.users):
+        # a no-op (``x.to(float32)`` of a float32 x) stands for x itself: torch.export lets
+        # later reads of x (Llama's residual) go through it, and canonicalization removes it
+        if n is not root and not is_noop(n) and any(u not in inside and u.target not in SIDE_EFFECT_ONLY
+                                                    for u in n.users):
             return None
     return tuple(n for n in root.graph.nodes if n in inside)
 
