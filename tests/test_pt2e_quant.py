@@ -129,3 +129,12 @@ def test_quant_target_errors():
         circle_fx.export(NormOnly(8), (torch.randn(2, 8),), quant_target="tpu")
     with pytest.raises(InputError, match="no quantize/dequantize"):
         circle_fx.export(NormOnly(8), (torch.randn(2, 8),), quant_target="onert")
+
+
+def test_readme_pt2e_snippet_is_executed():
+    """The README's PT2E example is a ``python`` block, so ``test_readme_examples_run``
+    (tests/test_passes_api.py) executes it as written, asserts included."""
+    from test_passes_api import _readme_python_blocks
+
+    block = next(b for b in _readme_python_blocks() if "prepare_pt2e" in b)
+    assert "quant_target=\"onert\"" in block and "cm.run(" in block and "assert" in block
