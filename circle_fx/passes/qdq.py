@@ -10,7 +10,8 @@ unchanged:
   RMSNorm reads its input twice, which must be *one* node for the pattern),
   ``Q(DQ(q))`` with the same parameters becomes ``q``, and DQ nodes are tagged with their
   parameters so that constant folding, which turns ``DQ(int8 weight)`` into a float
-  weight, leaves a record (``DEQUANTIZED_FROM``) of the integers it came from. For the
+  weight (and copies the node's meta onto the constant), leaves a record
+  (``DEQUANTIZED_FROM``) of the integers it came from. For the
   ``onert`` target int8 activations become uint8 (``q + 128``, same real values): onert
   0.1.0's QUANTIZE to int8 is silently wrong, uint8 is exact.
 - :class:`QDQLower` (last) turns each ``DQ -> op -> Q`` chain into one quantized op
