@@ -190,7 +190,8 @@ class QDQLower(Pass):
         self.target = check_target(target)
 
     def kinds(self) -> dict:
-        fused = {aten.linear.default: qops.q_linear, aten.add.Tensor: qops.q_add, aten.mul.Tensor: qops.q_mul}
+        fused = {aten.linear.default: qops.q_linear, aten.add.Tensor: qops.q_add, aten.mul.Tensor: qops.q_mul,
+                 aten.embedding.default: qops.q_embedding}
         if self.target == "npu":
             fused[rms_norm] = qops.q_rms_norm
         return fused
@@ -233,6 +234,14 @@ class QDQLower(Pass):
             operands = [self._operand(program, x, out_dt, constant_ok=False),
                         self._operand(program, w, out_dt, activation_ok=False)]
             extra = [b]
+        elif op.target is aten.embedding.default:
+            w, ids = args[:2]
+            table = self._operand(program, w, out_dt, activation_ok=False)
+            # GATHER copies integers: exact only when the output shares the table's parameters
+            if (table is None or not isinstance(ids, fx.Node)
+                    or QuantParams(table[1:2], table[2:3]) != QuantParams((out_s,), (out_zp,))):
+                return None
+            operands, extra = [table], []
         elif op.target is rms_norm:
             x, w, eps = args
             if w is None:
@@ -247,6 +256,8 @@ class QDQLower(Pass):
         if any(o is None for o in operands):
             return None
         flat = [v for o in operands for v in o] + extra
+        if qop is qops.q_embedding:
+            flat.append(args[1])  # the ids (not quantized)
         with op.graph.inserting_before(q):
             new = make_node(op.graph, qop, (*flat, out_s, out_zp), like=op)
         new.meta[QUANT_META] = QuantParams((out_s,), (out_zp,))

@@ -11,6 +11,7 @@ What it annotates (uint8, asymmetric, per tensor, min/max observers — onert 0.
 correct fully quantized type; its FULLY_CONNECTED is uint8 x uint8 only):
 
 - ``linear``: input, weight and output (the bias stays float; the exporter makes it int32);
+- ``embedding``: the table, with the output sharing its parameters (an integer GATHER);
 - ``add`` / ``mul`` of two tensors: both inputs and the output;
 - every **RMSNorm as one unit**: its input, its weight and its output, never its interior
   (``pow``, ``mean``, ``rsqrt`` and the muls inside stay float), so that after
@@ -85,6 +86,10 @@ class CircleQuantizer(Quantizer):
                 if x in constant or not _is_float(x) or not _is_float(w):
                     continue
                 self._annotate(n, {x: self.activation, w: self.weight}, self.activation)
+            elif n.target is aten.embedding.default:
+                w = n.args[0]
+                if _is_float(w):  # the rows come out with the table's parameters: GATHER stays integer
+                    self._annotate(n, {w: self.weight}, SharedQuantizationSpec((w, n)))
             elif n.target in (aten.add.Tensor, aten.mul.Tensor) and len(n.args) >= 2:
                 a, b = n.args[0], n.args[1]
                 alpha = n.kwargs.get("alpha", 1)

@@ -25,6 +25,7 @@ _lib.define("q_add(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, i
             "float out_scale, int out_zp) -> Tensor")
 _lib.define("q_mul(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
             "float out_scale, int out_zp) -> Tensor")
+_lib.define("q_embedding(Tensor w, float w_scale, int w_zp, Tensor ids, float out_scale, int out_zp) -> Tensor")
 _lib.define("q_rms_norm(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, float eps, "
             "float out_scale, int out_zp) -> Tensor")
 
@@ -57,6 +58,14 @@ def _q_rms_norm(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
     return quantize(y, out_scale, out_zp, x.dtype)
 
 
+def _q_embedding(w, w_scale, w_zp, ids, out_scale, out_zp):
+    return quantize(dequantize(w, w_scale, w_zp)[ids], out_scale, out_zp, w.dtype)
+
+
+def _embedding_fake(w, w_scale, w_zp, ids, out_scale, out_zp):
+    return w.new_empty([*ids.shape, w.shape[1]])
+
+
 def _linear_fake(x, x_scale, x_zp, w, w_scale, w_zp, bias: Optional[torch.Tensor], out_scale, out_zp):
     return x.new_empty([*x.shape[:-1], w.shape[0]])
 
@@ -71,7 +80,8 @@ def _rms_fake(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
 
 for _name, _eager, _fake in (("q_linear", _q_linear, _linear_fake), ("q_add", _q_binary(torch.add), _binary_fake),
                              ("q_mul", _q_binary(torch.mul), _binary_fake),
-                             ("q_rms_norm", _q_rms_norm, _rms_fake)):
+                             ("q_rms_norm", _q_rms_norm, _rms_fake),
+                             ("q_embedding", _q_embedding, _embedding_fake)):
     _lib.impl(_name, _eager, "CompositeExplicitAutograd")
     torch.library.register_fake(f"circle::{_name}", _fake, lib=_lib)
 
@@ -79,3 +89,4 @@ q_linear = torch.ops.circle.q_linear.default
 q_add = torch.ops.circle.q_add.default
 q_mul = torch.ops.circle.q_mul.default
 q_rms_norm = torch.ops.circle.q_rms_norm.default
+q_embedding = torch.ops.circle.q_embedding.default

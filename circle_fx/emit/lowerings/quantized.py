@@ -79,6 +79,14 @@ def q_binary(ctx, node):
     ctx.op(code, [ctx.tensor(a), ctx.tensor(b)], [ctx.output(node)], options(opt))
 
 
+@lowering(qops.q_embedding)
+def q_embedding(ctx, node):
+    """GATHER of uint8 rows: the output shares the table's quantization (onert: exact)."""
+    w, ids = node.args[0], node.args[3]
+    ctx.op(BO.GATHER, [ctx.tensor(w), ctx.tensor(ids)], [ctx.output(node)],
+           options("GatherOptions", axis=0, batchDims=0))
+
+
 @lowering(qops.q_rms_norm)
 def q_rms_norm(ctx, node):
     """One RMS_NORM on integer tensors (``npu`` target); gamma is a quantized constant."""
