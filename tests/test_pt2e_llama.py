@@ -2,8 +2,8 @@
 (``CircleQuantizer``, 4 random calibration batches), exported for both targets.
 
 ``onert``: runs in onert and matches the converted (fake-quantized) torch model within
-``MAX_STEPS`` quantization steps of the logits (measured over 20 random inputs: median 2,
-max 3 steps; a float-island result next to a rounding boundary (RMS_NORM, softmax, SiLU
+``MAX_STEPS`` quantization steps of the logits (measured over 20 random inputs: at most 2
+steps; a float-island result next to a rounding boundary (RMS_NORM, softmax, SiLU
 computed by onert's kernels vs torch's) rounds the other way and moves an integer by 1,
 which later layers carry along),
 every RMSNorm is one RMS_NORM, every FULLY_CONNECTED is uint8 x uint8.
