@@ -75,9 +75,9 @@ def bracket(program, pipeline: list, target: str | None) -> list:
             raise InputError(f"quant_target={target!r} was given, but the model has no quantize/dequantize "
                              "nodes; quantize it first (circle_fx.quant: prepare_pt2e -> calibrate -> convert_pt2e)")
         return pipeline
-    from ..emit.lowerings import quantized
+    from ..quant import lowerings
 
-    quantized.register()
+    lowerings.register()
     target = check_target(target or "onert")
     return [QDQPrepare(target), *pipeline, QDQLower(target)]
 
