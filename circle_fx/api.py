@@ -29,7 +29,7 @@ def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
 def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes: Any = None,
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
            verbose: bool | None = None, switch_implementations: bool = True,
-           cast_to_float32: bool = False) -> CircleModel:
+           cast_to_float32: bool = False, quant_target: str | None = None) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -39,7 +39,15 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     ``verbose``: ``None`` shows a progress bar on a terminal once the conversion takes
     over a second; ``True`` shows it at once and prints stage timings to stderr;
     ``False`` is silent. No bar is drawn when stderr is not a TTY.
+    ``quant_target``: for a statically quantized model (PT2E ``convert_pt2e`` output, see
+    :mod:`circle_fx.quant`), ``"onert"`` (default: integer FC/ADD/MUL, float islands where
+    onert has no integer kernel, e.g. DEQUANTIZE -> RMS_NORM -> QUANTIZE) or ``"npu"`` (also a
+    fully quantized RMS_NORM, which no public runtime runs).
     """
+    if quant_target is not None:
+        from .passes.qdq import check_target
+
+        check_target(quant_target)  # a bad value fails before the (slow) capture
     report = ExportReport()
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)
@@ -49,19 +57,27 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
         t1 = time.perf_counter()
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
-                   capture_seconds=t1 - t0, progress=progress)
+                   capture_seconds=t1 - t0, progress=progress, quant_target=quant_target)
     if verbose:
         print_timings(report.timings)
     return cm
 
 
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
-          capture_seconds: float = 0.0, progress: NullProgress | None = None) -> CircleModel:
-    """Run passes over an already captured :class:`Program` and emit it."""
+          capture_seconds: float = 0.0, progress: NullProgress | None = None,
+          quant_target: str | None = None) -> CircleModel:
+    """Run passes over an already captured :class:`Program` and emit it.
+
+    A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
+    (:func:`circle_fx.passes.qdq.bracket`), so fusions see through them.
+    """
     report = report or ExportReport()
     progress = progress or NullProgress()
     t1 = time.perf_counter()
     pipeline = default_pipeline() if passes is None else list(passes)
+    from .passes.qdq import bracket
+
+    pipeline = bracket(program, pipeline, quant_target)
     finalize = finalize_pipeline()
     progress.stage("passes", len(pipeline) + len(finalize))
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass

@@ -180,7 +180,10 @@ def export_program(model, args, kwargs, dynamic_shapes=None) -> ExportedProgram:
     # restore each submodule's own flag: model.train(True) would also flip submodules the
     # user had put in eval mode (e.g. a frozen BatchNorm)
     training = [(m, m.training) for m in model.modules()]
-    model.eval()
+    try:
+        model.eval()
+    except NotImplementedError:  # an exported GraphModule (PT2E's convert_pt2e output) refuses
+        pass                     # .eval(); it was traced with its mode already fixed
     try:
         with torch.no_grad():
             ep = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)

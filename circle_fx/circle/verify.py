@@ -621,7 +621,8 @@ _ELEMENTWISE = ["ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARE
                 "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
                 "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD"]
 _UNARY = ["NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LOGISTIC", "RELU",
-          "SQUARE", "LOGICAL_NOT", "GELU", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH", "LEAKY_RELU"]
+          "SQUARE", "LOGICAL_NOT", "GELU", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH", "LEAKY_RELU",
+          "QUANTIZE", "DEQUANTIZE"]
 
 _RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
 _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})

@@ -83,22 +83,25 @@ class LoweringContext:
         buf = self.builder.add_buffer(arr, key)
         return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
 
-    def const(self, array, name: str = "const") -> int:
-        return self.builder.add_constant(f"{self._prefix()}{name}", np.asarray(array))
+    def const(self, array, name: str = "const", quantization: QuantParams | None = None) -> int:
+        return self.builder.add_constant(f"{self._prefix()}{name}", np.asarray(array), quantization=quantization)
 
     def int_const(self, values, name: str = "shape") -> int:
         return self.const(np.asarray(values, dtype=np.int32), name)
 
-    def new_tensor(self, dims, dtype: torch.dtype, name: str = "t", hint=None) -> int:
+    def new_tensor(self, dims, dtype: torch.dtype, name: str = "t", hint=None,
+                   quantization: QuantParams | None = None) -> int:
         """An intermediate tensor of ``dims`` (-1 = dynamic). ``hint`` gives the example size
-        of each dynamic dim (default 1) for the Circle ``shape`` field."""
+        of each dynamic dim (default 1) for the Circle ``shape`` field; ``quantization`` the
+        parameters of an integer tensor."""
         dims = [int(d) for d in dims]
         if -1 not in dims:
             shape, sig = dims, None
         else:
             hint = hint if hint is not None else [1] * len(dims)
             shape, sig = [h if d == -1 else d for d, h in zip(dims, hint)], dims
-        return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()), 0, sig)
+        return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()), 0, sig,
+                                       quantization=quantization)
 
     def like(self, node, name: str = "t", dtype: torch.dtype | None = None) -> int:
         """An intermediate tensor shaped like ``node`` (dynamic dims included)."""

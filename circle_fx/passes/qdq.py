@@ -1,0 +1,294 @@
+"""Quantize/dequantize nodes (PT2E ``convert_pt2e`` output) -> Circle quantization.
+
+A statically quantized graph arrives as float ops between ``quantized_decomposed``
+``quantize_per_tensor`` (Q) and ``dequantize_per_*`` (DQ) nodes. Two passes bracket the
+ordinary pipeline, so every fusion (RMSNorm above all) works on the quantized graph
+unchanged:
+
+- :class:`QDQPrepare` (first) makes Q/DQ regular enough for patterns: identical Q or DQ
+  nodes of one value are merged (``convert_pt2e`` gives every user its own DQ, and an
+  RMSNorm reads its input twice, which must be *one* node for the pattern),
+  ``Q(DQ(q))`` with the same parameters becomes ``q``, and DQ nodes are tagged with their
+  parameters so that constant folding, which turns ``DQ(int8 weight)`` into a float
+  weight (and copies the node's meta onto the constant), leaves a record
+  (``DEQUANTIZED_FROM``) of the integers it came from. For the
+  ``onert`` target int8 activations become uint8 (``q + 128``, same real values): onert
+  0.1.0's QUANTIZE to int8 is silently wrong, uint8 is exact.
+- :class:`QDQLower` (last) turns each ``DQ -> op -> Q`` chain into one quantized op
+  (:mod:`circle_fx.quant.qops`) where the target has an integer kernel, and puts the
+  output parameters on every remaining Q (``meta[QUANT_META]``), which the emitter writes
+  as the tensor's quantization. What stays is float islands: ``DEQUANTIZE -> float ops ->
+  QUANTIZE``, which compute exactly what the fake-quantized torch graph computes.
+
+Targets: ``"onert"`` fuses FULLY_CONNECTED, ADD and MUL on uint8 (what onert 0.1.0 runs
+correctly); RMS_NORM stays a float island (onert has no integer RMS_NORM). ``"npu"`` also
+fuses RMS_NORM into one quantized op (uint8 or int8 input, gamma and output), for NPU
+compilers; no public runtime runs that file.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..circle.schema import QuantParams
+from ..emit.context import QUANT_META
+from ..errors import InputError
+from ..fx_utils import fake_mode_of, make_node
+from ..ops import rms_norm
+from ..program import add_constant, fetch_attr
+from ..quant import qops
+from .base import Pass
+
+aten = torch.ops.aten
+
+TARGETS = ("onert", "npu")
+#: meta key on a DQ node (and on the float constant folding makes of it): ``(QuantParams, dtype)``
+DEQUANTIZED_FROM = "circle_fx.dequantized_from"
+_NS = "quantized_decomposed"
+
+
+def _op(node) -> str:
+    """``"quantize_per_tensor"`` for a ``quantized_decomposed`` node, else ``""``."""
+    t = node.target if isinstance(node, fx.Node) and node.op == "call_function" else None
+    if getattr(t, "namespace", None) != _NS:
+        return ""
+    return t._schema.name.split("::")[-1] if hasattr(t, "_schema") else ""
+
+
+def is_q(node) -> bool:
+    return _op(node) == "quantize_per_tensor" and node.target._overloadname == "default"
+
+
+def is_dq(node) -> bool:
+    return _op(node) == "dequantize_per_tensor" and node.target._overloadname == "default"
+
+
+def has_qdq(program) -> bool:
+    return any(_op(n) for n in program.gm.graph.nodes)
+
+
+def bracket(program, pipeline: list, target: str | None) -> list:
+    """``pipeline`` with :class:`QDQPrepare` before and :class:`QDQLower` after it when the
+    graph holds Q/DQ nodes (target ``"onert"`` unless given); unchanged otherwise."""
+    if not has_qdq(program):
+        if target is not None:
+            raise InputError(f"quant_target={target!r} was given, but the model has no quantize/dequantize "
+                             "nodes; quantize it first (circle_fx.quant: prepare_pt2e -> calibrate -> convert_pt2e)")
+        return pipeline
+    from ..quant import lowerings
+
+    lowerings.register()
+    target = check_target(target or "onert")
+    return [QDQPrepare(target), *pipeline, QDQLower(target)]
+
+
+def check_target(target) -> str:
+    if target not in TARGETS:
+        raise InputError(f"quant_target={target!r}: expected one of {', '.join(map(repr, TARGETS))}")
+    return target
+
+
+def _params(node):
+    """``(scale, zero_point, dtype)`` of a per-tensor Q/DQ node (args: x, s, zp, qmin, qmax, dtype)."""
+    _, s, zp, _, _, dt = node.args[:6]
+    return float(s), int(zp), dt
+
+
+def _dq_params(node) -> tuple[QuantParams, torch.dtype] | None:
+    """The quantization a DQ node undoes, per tensor or per channel."""
+    name = _op(node)
+    if name == "dequantize_per_tensor" and node.target._overloadname == "default":
+        s, zp, dt = _params(node)
+        return QuantParams((s,), (zp,)), dt
+    if name == "dequantize_per_channel":
+        gm = node.graph.owning_module
+        scales, zps, axis, dt = node.args[1], node.args[2], node.args[3], node.args[6]
+        if not (isinstance(scales, fx.Node) and scales.op == "get_attr"):
+            return None
+        s = fetch_attr(gm, scales.target)
+        z = fetch_attr(gm, zps.target) if isinstance(zps, fx.Node) else torch.zeros_like(s)
+        return QuantParams(tuple(s.tolist()), tuple(int(v) for v in z.tolist()), int(axis)), dt
+    return None
+
+
+class QDQPrepare(Pass):
+    """Regularise Q/DQ nodes before the float pipeline (see the module docstring)."""
+
+    name = "qdq_prepare"
+
+    def __init__(self, target: str = "onert"):
+        super().__init__()
+        self.target = check_target(target)
+
+    def run(self, program) -> bool:
+        g = program.gm.graph
+        changed = False
+        if self.target == "onert":
+            changed |= self._int8_to_uint8(g)
+        for n in list(g.nodes):
+            if is_q(n) and is_dq(n.args[0]) and n.args[1:] == n.args[0].args[1:]:
+                n.replace_all_uses_with(n.args[0].args[0])  # Q(DQ(q)) == q exactly
+                g.erase_node(n)
+                changed = True
+        order = {n: i for i, n in enumerate(g.nodes)}
+        for n in list(g.nodes):
+            if not getattr(n, "_erased", False):
+                changed |= _merge_duplicates(n, is_q, order)
+        for n in list(g.nodes):
+            if is_q(n) and not getattr(n, "_erased", False):
+                changed |= _merge_duplicates(n, is_dq, order)
+        for n in g.nodes:
+            p = _dq_params(n)
+            if p is not None:
+                n.meta[DEQUANTIZED_FROM] = p
+        return changed
+
+    @staticmethod
+    def _int8_to_uint8(g: fx.Graph) -> bool:
+        changed = False
+        for q in list(g.nodes):
+            if not is_q(q) or q.args[5] != torch.int8 or not all(is_dq(u) for u in q.users):
+                continue
+            x, s, zp, lo, hi, _ = q.args[:6]
+            shifted = (s, zp + 128, lo + 128, hi + 128, torch.uint8)
+            with g.inserting_before(q):
+                q2 = make_node(g, q.target, (x, *shifted), like=q)
+            for dq in list(q.users):
+                with g.inserting_before(dq):
+                    dq2 = make_node(g, dq.target, (q2, *shifted), dict(dq.kwargs), like=dq)
+                dq.replace_all_uses_with(dq2)
+                g.erase_node(dq)
+            g.erase_node(q)
+            changed = True
+        return changed
+
+
+def _merge_duplicates(value: fx.Node, kind, order: dict) -> bool:
+    """Users of ``value`` that are ``kind`` nodes with equal arguments -> the earliest one."""
+    seen: dict = {}
+    changed = False
+    users = sorted((u for u in value.users if kind(u) and u.args[0] is value), key=order.__getitem__)
+    for u in users:
+        key = (tuple(u.args[1:]), tuple(sorted(u.kwargs.items())))
+        keep = seen.setdefault(key, u)
+        if keep is not u:
+            u.replace_all_uses_with(keep)
+            u.graph.erase_node(u)
+            changed = True
+    return changed
+
+
+# --------------------------------------------------------------------------- lowering
+
+class QDQLower(Pass):
+    """``DQ -> op -> Q`` -> one quantized op where the target has a kernel; QUANT_META on Q."""
+
+    name = "qdq_lower"
+
+    def __init__(self, target: str = "onert"):
+        super().__init__()
+        self.target = check_target(target)
+
+    def kinds(self) -> dict:
+        fused = {aten.linear.default: qops.q_linear, aten.add.Tensor: qops.q_add, aten.mul.Tensor: qops.q_mul,
+                 aten.embedding.default: qops.q_embedding}
+        if self.target == "npu":
+            fused[rms_norm] = qops.q_rms_norm
+        return fused
+
+    def run(self, program) -> bool:
+        g = program.gm.graph
+        kinds = self.kinds()
+        changed = False
+        for q in list(g.nodes):
+            if not is_q(q) or getattr(q, "_erased", False):
+                continue
+            op = q.args[0]
+            if not isinstance(op, fx.Node) or op.op != "call_function" or op.target not in kinds or len(op.users) != 1:
+                continue
+            new = self._fuse(program, q, op, kinds[op.target])
+            if new is not None:
+                q.replace_all_uses_with(new)
+                g.erase_node(q)
+                g.erase_node(op)
+                changed = True
+        for n in g.nodes:
+            if is_q(n):
+                s, zp, _ = _params(n)
+                n.meta[QUANT_META] = QuantParams((s,), (zp,))
+            elif is_dq(n) and n.args[0].op == "get_attr":
+                s, zp, _ = _params(n)
+                n.args[0].meta[QUANT_META] = QuantParams((s,), (zp,))
+        return changed
+
+    def _fuse(self, program, q, op, qop):
+        out_s, out_zp, out_dt = _params(q)
+        if not self._dtype_ok(out_dt):
+            return None
+        args = list(op.args)
+        extra: list = []  # the op's non-tensor arguments, after the operands
+        if op.target is aten.linear.default:
+            x, w, b = (args + [None])[:3]
+            if b is not None and not (isinstance(b, fx.Node) and b.op == "get_attr"):
+                return None  # a bias computed at run time has no place in FULLY_CONNECTED
+            operands = [self._operand(program, x, out_dt, constant_ok=False),
+                        self._operand(program, w, out_dt, activation_ok=False)]
+            extra = [b]
+        elif op.target is aten.embedding.default:
+            w, ids = args[:2]
+            table = self._operand(program, w, out_dt, activation_ok=False)
+            # GATHER copies integers: exact only when the output shares the table's parameters
+            if (table is None or not isinstance(ids, fx.Node)
+                    or QuantParams(table[1:2], table[2:3]) != QuantParams((out_s,), (out_zp,))):
+                return None
+            operands, extra = [table], []
+        elif op.target is rms_norm:
+            x, w, eps = args
+            if w is None:
+                return None
+            operands = [self._operand(program, x, out_dt, constant_ok=False),
+                        self._operand(program, w, out_dt, activation_ok=False)]
+            extra = [float(eps)]
+        else:
+            if (len(args) > 2 and args[2] != 1) or op.kwargs.get("alpha", 1) != 1:
+                return None
+            operands = [self._operand(program, a, out_dt) for a in args[:2]]
+        if any(o is None for o in operands):
+            return None
+        flat = [v for o in operands for v in o] + extra
+        if qop is qops.q_embedding:
+            flat.append(args[1])  # the ids (not quantized)
+        with op.graph.inserting_before(q):
+            new = make_node(op.graph, qop, (*flat, out_s, out_zp), like=op)
+        new.meta[QUANT_META] = QuantParams((out_s,), (out_zp,))
+        return new
+
+    def _dtype_ok(self, dt) -> bool:
+        return dt == torch.uint8 or (self.target == "npu" and dt == torch.int8)
+
+    def _operand(self, program, v, dtype, constant_ok=True, activation_ok=True):
+        """``(integer tensor node, scale, zero point)`` for a dequantized operand, or None."""
+        if not isinstance(v, fx.Node):
+            return None
+        if is_dq(v) and activation_ok:
+            s, zp, dt = _params(v)
+            return (v.args[0], s, zp) if dt == dtype else None
+        tag = v.meta.get(DEQUANTIZED_FROM)
+        if v.op == "get_attr" and constant_ok and tag is not None:
+            qp, dt = tag
+            if qp.per_channel or dt != dtype:
+                return None
+            s, zp = qp.scale[0], qp.zero_point[0]
+            real = fetch_attr(program.gm, v.target)
+            # exact: real = (q - zp) * s in float32, |q - zp| <= 255
+            ints = qops.quantize(real, s, zp, dtype)
+            name = add_constant(program.gm, ints, f"{v.target}_q")
+            with v.graph.inserting_before(v):
+                c = v.graph.get_attr(name)
+            c.meta.update({k: val for k, val in v.meta.items() if k != DEQUANTIZED_FROM})
+            mode = fake_mode_of(v.graph)
+            # static: a constant's shape must not become symbolic in the ops built on it
+            c.meta["val"] = mode.from_tensor(ints, static_shapes=True) if mode is not None else ints
+            c.meta[QUANT_META] = QuantParams((s,), (zp,))
+            return c, s, zp
+        return None

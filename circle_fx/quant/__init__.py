@@ -1,0 +1,22 @@
+"""Quantized export.
+
+Static quantization (PT2E): :class:`CircleQuantizer` annotates a ``torch.export``-ed model
+for ``torchao.quantization.pt2e`` (``prepare_pt2e`` -> calibrate -> ``convert_pt2e``);
+``circle_fx.export(converted, inputs, quant_target="onert" | "npu")`` then turns the
+quantize/dequantize nodes into Circle quantization (:mod:`circle_fx.passes.qdq`).
+``qops`` holds the quantized torch custom ops those passes produce.
+
+The quantizer needs torchao (``pip install circle-fx[quant]``); it is imported on first use
+so that ``import circle_fx`` never requires it.
+"""
+
+
+def __getattr__(name):
+    if name == "CircleQuantizer":
+        from .pt2e import CircleQuantizer
+
+        return CircleQuantizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CircleQuantizer"]

@@ -1,0 +1,111 @@
+"""Lowerings of statically quantized graphs: QUANTIZE / DEQUANTIZE and the integer kernels.
+
+Registered by :func:`register`, which the Q/DQ passes call when a graph holds
+``quantized_decomposed`` nodes (those ops exist only once torchao is imported, so they
+cannot be registered when circle_fx is). They are not among the built-in lowerings under
+``circle_fx.emit.lowerings`` (whose table test runs each with float inputs in onert):
+uint8 model inputs break onert's ``infer()``, so these are exercised end to end through
+PT2E-quantized models instead (``tests/test_pt2e_*.py``). They use only the
+``LoweringContext`` seam, like the built-ins.
+
+Every integer tensor carries its :class:`~circle_fx.circle.schema.QuantParams` (the Q/DQ
+pass puts them in the node's quantization slot and ``ctx.output`` writes them), so a
+lowering only adds what no node holds: the int32 bias of FULLY_CONNECTED (scale
+``s_x * s_w``, zero point 0) and the parameters of the tensors RESHAPE introduces.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..circle.schema import BO, QuantParams, default_options, make_options as options
+from ..emit.registry import lowering
+from . import qops
+
+_registered = False
+
+
+def register() -> None:
+    """Register every lowering here (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    ns = torch.ops.quantized_decomposed
+    lowering(ns.quantize_per_tensor.default, override=True)(quantize)
+    lowering(ns.dequantize_per_tensor.default, override=True)(dequantize)
+    lowering(qops.q_linear, override=True)(q_linear)
+    lowering(qops.q_add, qops.q_mul, override=True)(q_binary)
+    lowering(qops.q_embedding, override=True)(q_embedding)
+    lowering(qops.q_rms_norm, override=True)(q_rms_norm)
+    _registered = True
+
+
+def quantize(ctx, node):
+    ctx.op(BO.QUANTIZE, [ctx.tensor(node.args[0])], [ctx.output(node)], default_options(BO.QUANTIZE))
+
+
+def dequantize(ctx, node):
+    src = node.args[0]
+    if ctx.quantization(src) is None:
+        raise ctx.error(f"dequantizes %{src.name}, which carries no quantization parameters "
+                        "(run the Q/DQ passes: circle_fx.export does when the graph has Q/DQ nodes)")
+    ctx.op(BO.DEQUANTIZE, [ctx.tensor(src)], [ctx.output(node)], default_options(BO.DEQUANTIZE))
+
+
+def _reshaped(ctx, idx, dims, quant, name):
+    """``idx`` reshaped to ``dims`` (a new tensor with the same quantization)."""
+    out = ctx.new_tensor(dims, ctx.dtype(ctx.node), name, quantization=quant)
+    ctx.op(BO.RESHAPE, [idx, ctx.int_const(dims)], [out])
+    return out
+
+
+def q_linear(ctx, node):
+    """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias; N-D input as for float linear."""
+    x, xs, _, w, ws, _, b = node.args[:7]
+    out_dims = ctx.dims(node, static=True)
+    quant = ctx.quantization(node)
+    bias = -1
+    if b is not None:
+        bias_scale = float(np.float32(xs)) * float(np.float32(ws))  # the scales the file holds
+        bq = torch.round(ctx.constant(b).detach().float() / bias_scale).to(torch.int32)
+        bias = ctx.const(bq.numpy(), "bias_q", quantization=QuantParams((bias_scale,), (0,)))
+    xt = ctx.tensor(x)
+    x_dims = ctx.dims(x, static=True)
+    if len(x_dims) != 2:
+        xt = _reshaped(ctx, xt, [math.prod(x_dims[:-1]), x_dims[-1]], ctx.quantization(x), "in2d")
+    rows = [math.prod(out_dims[:-1]), out_dims[-1]]
+    fc_out = ctx.output(node) if len(out_dims) == 2 else ctx.new_tensor(rows, ctx.dtype(node), "fc",
+                                                                        quantization=quant)
+    ctx.op(BO.FULLY_CONNECTED, [xt, ctx.tensor(w), bias], [fc_out], options("FullyConnectedOptions", keepNumDims=False))
+    if len(out_dims) != 2:
+        ctx.op(BO.RESHAPE, [fc_out, ctx.int_const(out_dims)], [ctx.output(node)])
+
+
+def q_binary(ctx, node):
+    code, opt = (BO.ADD, "AddOptions") if node.target is qops.q_add else (BO.MUL, "MulOptions")
+    a, b = node.args[0], node.args[3]
+    ctx.op(code, [ctx.tensor(a), ctx.tensor(b)], [ctx.output(node)], options(opt))
+
+
+def q_embedding(ctx, node):
+    """GATHER of uint8 rows: the output shares the table's quantization (onert: exact)."""
+    w, ids = node.args[0], node.args[3]
+    ctx.op(BO.GATHER, [ctx.tensor(w), ctx.tensor(ids)], [ctx.output(node)],
+           options("GatherOptions", axis=0, batchDims=0))
+
+
+def q_rms_norm(ctx, node):
+    """One RMS_NORM on integer tensors (``npu`` target); gamma is a quantized constant."""
+    x, w, eps = node.args[0], node.args[3], node.args[6]
+    dims = ctx.dims(x, static=True)
+    opts = options("RmsNormOptions", epsilon=float(eps))
+    if len(dims) in (3, 4):
+        ctx.op(BO.RMS_NORM, [ctx.tensor(x), ctx.tensor(w)], [ctx.output(node)], opts)
+        return
+    as3d = [1, math.prod(dims[:-1]), dims[-1]]
+    x3 = _reshaped(ctx, ctx.tensor(x), as3d, ctx.quantization(x), "in3d")
+    y3 = ctx.new_tensor(as3d, ctx.dtype(node), "out3d", quantization=ctx.quantization(node))
+    ctx.op(BO.RMS_NORM, [x3, ctx.tensor(w)], [y3], opts)
+    ctx.op(BO.RESHAPE, [y3, ctx.int_const(dims)], [ctx.output(node)])

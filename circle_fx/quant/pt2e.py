@@ -1,0 +1,227 @@
+"""``CircleQuantizer``: a torchao PT2E quantizer for what Circle runtimes run quantized.
+
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, convert_pt2e
+    gm = torch.export.export(model, inputs).module()
+    prepared = prepare_pt2e(gm, CircleQuantizer())
+    for batch in calibration: prepared(*batch)
+    converted = convert_pt2e(prepared)
+    cm = circle_fx.export(converted, inputs, quant_target="onert")
+
+What it annotates (uint8, asymmetric, per tensor, min/max observers — onert 0.1.0's only
+correct fully quantized type; its FULLY_CONNECTED is uint8 x uint8 only):
+
+- ``linear``: input, weight and output (the bias stays float; the exporter makes it int32);
+- ``embedding``: the table, with the output sharing its parameters (an integer GATHER);
+- ``add`` / ``mul`` of two tensors: both inputs and the output;
+- every **RMSNorm as one unit**: its input, its weight and its output, never its interior
+  (``pow``, ``mean``, ``rsqrt`` and the muls inside stay float), so that after
+  ``convert_pt2e`` the norm is ``DQ -> float RMSNorm -> Q`` and circle_fx fuses it to one
+  ``circle.rms_norm`` whose input, weight and output carry quantization parameters.
+
+Which subgraphs are RMSNorms is decided by circle_fx's own RMSNorm fusion, run on a copy of
+the graph (:func:`rms_norm_units`): the quantizer treats as a unit exactly what the float
+exporter would fuse, so a near miss gets ordinary per-op annotations (and then does not
+fuse), and a genuine RMSNorm in any spelling gets one unit.
+
+Ops whose inputs are all constants are not annotated (constant folding removes them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torchao.quantization.pt2e.observer import MinMaxObserver
+from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, QuantizationSpec, Quantizer,
+                                                 SharedQuantizationSpec)
+
+from ..fx_utils import CAST_OPS, IDENTITY_OPS, SIDE_EFFECT_ONLY, is_noop
+from ..ops import rms_norm
+from ..program import Program
+
+aten = torch.ops.aten
+_ANNOTATION = "quantization_annotation"
+
+
+def uint8_spec(observer=MinMaxObserver) -> QuantizationSpec:
+    """uint8 [0, 255], asymmetric, per tensor."""
+    return QuantizationSpec(dtype=torch.uint8, quant_min=0, quant_max=255, qscheme=torch.per_tensor_affine,
+                            observer_or_fake_quant_ctr=observer.with_args(eps=2 ** -12))
+
+
+@dataclass(frozen=True)
+class RmsUnit:
+    """One RMSNorm in the quantizer's graph: ``input`` and ``weight`` (None when
+    unweighted or not a plain tensor) feed ``interior``, whose last node ``output`` is the
+    normalised result."""
+
+    input: fx.Node
+    weight: fx.Node | None
+    output: fx.Node
+    interior: tuple[fx.Node, ...]
+
+
+class CircleQuantizer(Quantizer):
+    """Annotate linear, add, mul and RMSNorm units for static uint8 quantization.
+
+    ``activation`` / ``weight``: the :class:`QuantizationSpec` to use (default
+    :func:`uint8_spec`; the onert target needs uint8 per tensor for integer kernels,
+    anything else becomes float islands there).
+    """
+
+    def __init__(self, activation: QuantizationSpec | None = None, weight: QuantizationSpec | None = None):
+        super().__init__()
+        self.activation = activation or uint8_spec()
+        self.weight = weight or uint8_spec()
+
+    def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
+        constant = _constant_nodes(model.graph)
+        for unit in rms_norm_units(model):
+            self._annotate_unit(unit)
+        for n in model.graph.nodes:
+            if n.op != "call_function" or _ANNOTATION in n.meta or n in constant or not _is_float(n):
+                continue
+            if n.target is aten.linear.default:
+                x, w = n.args[0], n.args[1]
+                if x in constant or not _is_float(x) or not _is_float(w):
+                    continue
+                self._annotate(n, {x: self.activation, w: self.weight}, self.activation)
+            elif n.target is aten.embedding.default:
+                w = n.args[0]
+                if _is_float(w):  # the rows come out with the table's parameters: GATHER stays integer
+                    self._annotate(n, {w: self.weight}, SharedQuantizationSpec((w, n)))
+            elif n.target in (aten.add.Tensor, aten.mul.Tensor) and len(n.args) >= 2:
+                a, b = n.args[0], n.args[1]
+                alpha = n.kwargs.get("alpha", 1)
+                if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or alpha != 1:
+                    continue
+                if not (_is_float(a) and _is_float(b)):
+                    continue
+                self._annotate(n, {a: self.activation, b: self.activation}, self.activation)
+        return model
+
+    def validate(self, model: fx.GraphModule) -> None:
+        pass
+
+    @staticmethod
+    def _annotate(node, inputs: dict, output) -> None:
+        node.meta[_ANNOTATION] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
+
+    def _annotate_unit(self, unit: RmsUnit) -> None:
+        first_edge = None
+        for n in unit.interior:
+            inputs = {}
+            if unit.input in n.args:
+                if first_edge is None:
+                    first_edge = (unit.input, n)
+                    inputs[unit.input] = self.activation
+                else:  # one observer for every read of the input: one Q node after convert
+                    inputs[unit.input] = SharedQuantizationSpec(first_edge)
+            if unit.weight is not None and unit.weight in n.args:
+                inputs[unit.weight] = self.weight
+            self._annotate(n, inputs, self.activation if n is unit.output else None)
+
+
+# ------------------------------------------------------------------- finding the units
+
+def rms_norm_units(model: fx.GraphModule) -> list[RmsUnit]:
+    """The RMSNorms circle_fx's float pipeline would fuse, as nodes of ``model``'s graph.
+
+    Runs decompose, canonicalize, constant folding and the RMSNorm fusion on a copy of the
+    graph (the model's own graph is not touched) and maps each fused node back: its input
+    and weight through the node copies, its output through the users of the fused node.
+    """
+    from ..fusions import get_family
+    from ..passes import Canonicalize, DeadCodeElimination, DecomposeComposites, FoldConstants, FusePatterns
+
+    graph = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    out = graph.graph_copy(model.graph, copies)
+    graph.output(out)
+    originals = {c: o for o, c in copies.items()}
+    originals[graph.output_node()] = model.graph.output_node()
+    program = Program(fx.GraphModule(model, graph), [], [])
+    for p in (DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(),
+              FusePatterns(get_family("rms_norm").rules)):
+        p(program)
+    units = []
+    for r in list(graph.nodes):
+        if r.target is not rms_norm:
+            continue
+        x = originals.get(_through(r.args[0], originals))
+        w = originals.get(_through(r.args[1], originals)) if r.args[1] is not None else None
+        root = _original_root(r, originals)
+        if x is None or root is None:
+            continue
+        interior = _between(x, root)
+        if interior is None:
+            continue
+        if w is not None and not any(w in n.args for n in interior):
+            w = None
+        units.append(RmsUnit(x, w, root, interior))
+    return units
+
+
+def _through(v, originals):
+    """Walk up from a copy node through casts/reshapes the rewrite added, to a copied node."""
+    while isinstance(v, fx.Node) and v not in originals and v.op == "call_function" and (
+            v.target in CAST_OPS or v.target in IDENTITY_OPS or v.target is aten.reshape.default):
+        v = v.args[0]
+    return v
+
+
+def _original_root(r: fx.Node, originals) -> fx.Node | None:
+    """The original node the fused ``r`` replaced: the argument a copied user of ``r``
+    reads at the position where it now reads ``r`` (through a cast the rewrite added)."""
+    cur = r
+    while True:
+        for u in cur.users:
+            if u in originals:
+                orig = originals[u]
+                mine, theirs = u.all_input_nodes, orig.all_input_nodes
+                if len(mine) == len(theirs):
+                    return theirs[mine.index(cur)]
+        nxt = [u for u in cur.users if u.op == "call_function" and u.target in CAST_OPS]
+        if len(cur.users) != 1 or not nxt:
+            return None
+        cur = nxt[0]
+
+
+def _between(x: fx.Node, root: fx.Node) -> tuple[fx.Node, ...] | None:
+    """Nodes on a path from ``x`` to ``root`` (``root`` included, ``x`` not), in graph
+    order; None if one of them is also read outside the unit."""
+    ancestors, stack = {root}, [root]
+    while stack:
+        for a in stack.pop().all_input_nodes:
+            if a is not x and a not in ancestors and a.op == "call_function":
+                ancestors.add(a)
+                stack.append(a)
+    inside, stack = set(), [x]
+    while stack:
+        for u in stack.pop().users:
+            if u in ancestors and u not in inside:
+                inside.add(u)
+                stack.append(u)
+    if root not in inside:
+        return None
+    for n in inside:
+        # a no-op (``x.to(float32)`` of a float32 x) stands for x itself: torch.export lets
+        # later reads of x (Llama's residual) go through it, and canonicalization removes it
+        if n is not root and not is_noop(n) and any(u not in inside and u.target not in SIDE_EFFECT_ONLY
+                                                    for u in n.users):
+            return None
+    return tuple(n for n in root.graph.nodes if n in inside)
+
+
+def _constant_nodes(graph: fx.Graph) -> set:
+    const = set()
+    for n in graph.nodes:
+        if n.op == "get_attr" or (n.op == "call_function" and n.all_input_nodes
+                                  and all(a in const for a in n.all_input_nodes)):
+            const.add(n)
+    return const
+
+
+def _is_float(n) -> bool:
+    v = n.meta.get("val") if isinstance(n, fx.Node) else None
+    return isinstance(v, torch.Tensor) and v.is_floating_point()

@@ -1,0 +1,92 @@
+"""Quantized Circle ops as torch custom ops (``torch.ops.circle.q_*``).
+
+The Q/DQ pass (:mod:`circle_fx.passes.qdq`) replaces a ``dequantize -> op -> quantize``
+chain by one of these. Their operands and results are the *integer* tensors (uint8 or
+int8) the Circle file holds, and their arguments carry every scale and zero point, so a
+rewritten graph still runs in eager PyTorch: each eager kernel dequantizes, computes in
+float32 and quantizes again, exactly as the fake-quantized (PT2E ``convert_pt2e``) graph
+does. That is also the numpy-free reference the tests compare a Circle file against.
+
+No torchao import here: these ops do not depend on how the graph was quantized.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import _rms_norm_eager
+
+_lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
+_lib.define("q_linear(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
+            "float out_scale, int out_zp) -> Tensor")
+_lib.define("q_add(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
+            "float out_scale, int out_zp) -> Tensor")
+_lib.define("q_mul(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
+            "float out_scale, int out_zp) -> Tensor")
+_lib.define("q_embedding(Tensor w, float w_scale, int w_zp, Tensor ids, float out_scale, int out_zp) -> Tensor")
+_lib.define("q_rms_norm(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, float eps, "
+            "float out_scale, int out_zp) -> Tensor")
+
+
+def dequantize(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
+    """``(q - zp) * scale`` in float32, as ``quantized_decomposed.dequantize_per_tensor``."""
+    return (q.to(torch.float32) - zp) * scale
+
+
+def quantize(y: torch.Tensor, scale: float, zp: int, dtype: torch.dtype) -> torch.Tensor:
+    """``clamp(round(y / scale) + zp)`` to ``dtype``'s range, as ``quantize_per_tensor``
+    (which multiplies by ``1 / scale``; round half to even)."""
+    info = torch.iinfo(dtype)
+    return torch.clamp(torch.round(y * (1.0 / scale)) + zp, info.min, info.max).to(dtype)
+
+
+def _q_linear(x, x_scale, x_zp, w, w_scale, w_zp, bias, out_scale, out_zp):
+    y = F.linear(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), bias)
+    return quantize(y, out_scale, out_zp, x.dtype)
+
+
+def _q_binary(fn):
+    def kernel(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp):
+        return quantize(fn(dequantize(a, a_scale, a_zp), dequantize(b, b_scale, b_zp)), out_scale, out_zp, a.dtype)
+    return kernel
+
+
+def _q_rms_norm(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
+    y = _rms_norm_eager(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), eps)
+    return quantize(y, out_scale, out_zp, x.dtype)
+
+
+def _q_embedding(w, w_scale, w_zp, ids, out_scale, out_zp):
+    return quantize(dequantize(w, w_scale, w_zp)[ids], out_scale, out_zp, w.dtype)
+
+
+def _embedding_fake(w, w_scale, w_zp, ids, out_scale, out_zp):
+    return w.new_empty([*ids.shape, w.shape[1]])
+
+
+def _linear_fake(x, x_scale, x_zp, w, w_scale, w_zp, bias: Optional[torch.Tensor], out_scale, out_zp):
+    return x.new_empty([*x.shape[:-1], w.shape[0]])
+
+
+def _binary_fake(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp):
+    return a.new_empty(torch.broadcast_shapes(a.shape, b.shape))
+
+
+def _rms_fake(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
+    return torch.empty_like(x)
+
+
+for _name, _eager, _fake in (("q_linear", _q_linear, _linear_fake), ("q_add", _q_binary(torch.add), _binary_fake),
+                             ("q_mul", _q_binary(torch.mul), _binary_fake),
+                             ("q_rms_norm", _q_rms_norm, _rms_fake),
+                             ("q_embedding", _q_embedding, _embedding_fake)):
+    _lib.impl(_name, _eager, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"circle::{_name}", _fake, lib=_lib)
+
+q_linear = torch.ops.circle.q_linear.default
+q_add = torch.ops.circle.q_add.default
+q_mul = torch.ops.circle.q_mul.default
+q_rms_norm = torch.ops.circle.q_rms_norm.default
+q_embedding = torch.ops.circle.q_embedding.default
