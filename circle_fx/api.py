@@ -12,6 +12,7 @@ from .precision import check_precision
 from .passes import default_pipeline, finalize_pipeline, run_passes
 from .program import Program
 from .progress import NullProgress, print_timings, progress_for
+from .quant.config import QuantConfig, resolve_quantize
 
 
 def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
@@ -29,7 +30,7 @@ def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
 def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes: Any = None,
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
            verbose: bool | None = None, switch_implementations: bool = True,
-           cast_to_float32: bool = False) -> CircleModel:
+           cast_to_float32: bool = False, quantize: str | QuantConfig | None = None) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -39,7 +40,10 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     ``verbose``: ``None`` shows a progress bar on a terminal once the conversion takes
     over a second; ``True`` shows it at once and prints stage timings to stderr;
     ``False`` is silent. No bar is drawn when stderr is not a TTY.
+    ``quantize``: ``"int8-weights"`` (or a :class:`circle_fx.QuantConfig`) stores linear weights
+    as int8 and embedding tables as uint8, one scale per row; activations stay float32.
     """
+    quantize = resolve_quantize(quantize)  # a bad value fails before the (slow) capture
     report = ExportReport()
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)
@@ -49,19 +53,29 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
         t1 = time.perf_counter()
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
-                   capture_seconds=t1 - t0, progress=progress)
+                   capture_seconds=t1 - t0, progress=progress, quantize=quantize)
     if verbose:
         print_timings(report.timings)
     return cm
 
 
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
-          capture_seconds: float = 0.0, progress: NullProgress | None = None) -> CircleModel:
-    """Run passes over an already captured :class:`Program` and emit it."""
+          capture_seconds: float = 0.0, progress: NullProgress | None = None,
+          quantize: str | QuantConfig | None = None) -> CircleModel:
+    """Run passes over an already captured :class:`Program` and emit it.
+
+    ``quantize`` appends the weight quantization pass after ``passes`` (so fusions and any
+    weight merging see float weights, and merged weights get one scale per merged row).
+    """
     report = report or ExportReport()
     progress = progress or NullProgress()
     t1 = time.perf_counter()
     pipeline = default_pipeline() if passes is None else list(passes)
+    quantize = resolve_quantize(quantize)
+    if quantize is not None:
+        from .quant.weight_only import QuantizeWeights
+
+        pipeline.append(QuantizeWeights(quantize))
     finalize = finalize_pipeline()
     progress.stage("passes", len(pipeline) + len(finalize))
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass
@@ -71,6 +85,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     check_precision(program)
     report.fusions = program.fusions()
     report.notes = list(program.notes.get("implementations", []))
+    report.quantization = program.notes.get("quantization")
     t2 = time.perf_counter()
     builder = emit(program, progress=progress)
     serialized = serialize(builder, external=external_weights)
