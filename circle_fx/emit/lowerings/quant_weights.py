@@ -6,6 +6,8 @@ onert 0.1.0 computes correctly (measured: ``docs/onert-findings.md``, "int8 weig
   onert's hybrid FC with per-channel scales silently uses ``scale[0]`` for every row, hence
   the separate MUL. The kernel quantizes each input row to int8 (about 1% relative error);
   the weights stay int8 in memory, which is where the decode speed and RSS gains come from.
+  With a dynamic dim the hybrid kernel cannot be used (it crashes when resized), so the weight
+  goes through DEQUANTIZE into a float FC instead: exact w.r.t. the int8 weights, same file.
 - ``embedding_w8`` -> ``GATHER`` on a uint8 table -> ``DEQUANTIZE`` -> ``MUL`` by the gathered
   row scales. A uint8 table has zero point 128 (``q + 128``). A table that is also an FC weight
   (tied) is int8 in the file; GATHER (which has no int8 kernel) reads it through a uint8 alias
@@ -59,8 +61,16 @@ def lower_linear_w8(ctx, node):
     def step(name, is_last):
         return ctx.output(node) if is_last and last else ctx.new_tensor(flat, torch.float32, name, flat_sig)
 
+    wt = ctx.tensor(w)
+    if out_sig is not None:
+        # onert 0.1.0's hybrid FC sizes its scratch buffers at the first run: a later call with
+        # more or fewer rows crashes (double free). A dynamic model dequantizes the weight to
+        # float on every call instead (same file size and numbers, no hybrid speed/RSS gain).
+        wf = ctx.new_tensor(ctx.static_shape(w), torch.float32, "weight_f32")
+        ctx.op(BO.DEQUANTIZE, [wt], [wf])
+        wt = wf
     fc = ctx.new_tensor(flat, torch.float32, "fc_int8", flat_sig)
-    ctx.op(BO.FULLY_CONNECTED, [xt, ctx.tensor(w), -1], [fc], options("FullyConnectedOptions", keepNumDims=False))
+    ctx.op(BO.FULLY_CONNECTED, [xt, wt, -1], [fc], options("FullyConnectedOptions", keepNumDims=False))
     scaled = step("scaled", bias is None)
     ctx.op(BO.MUL, [fc, ctx.tensor(scale)], [scaled], options("MulOptions"))
     if bias is not None:
