@@ -333,3 +333,34 @@ def test_cli_rejects_unknown_quantize(capsys):
     with pytest.raises(SystemExit):
         main(["export", "circle_fx.demo:tiny_llama", "-o", "x.circle", "--quantize", "int4"])
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+def test_quantize_rows_makes_no_full_size_float_temporary():
+    """Quantizing a 64 MiB float weight raises the peak RSS by the 16 MiB int8 result plus
+    chunk-sized temporaries (measured 24-48 MiB: freed chunks may stay in malloc arenas), never
+    by a full-size float temporary (``w / scale`` alone would be 64 MiB more)."""
+    w = torch.randn(4096, 4096)
+    quantize_rows(w[:8])  # warm up torch's allocator paths
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+    except OSError:
+        pytest.skip("cannot reset the peak RSS counter here")
+    base = _status("VmRSS")
+    q, s = quantize_rows(w)
+    grown = _status("VmHWM") - base
+    assert q.nbytes == 16 << 20
+    assert grown < 64 << 20, f"peak grew by {grown / 2**20:.0f} MiB"
+
+
+def test_non_finite_weight_is_a_clear_error():
+    fc = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        fc.weight[2, 1] = float("inf")
+    with pytest.raises(InputError, match=r"weight 'weight' cannot be quantized: row 2 has non-finite values"):
+        circle_fx.export(fc, (torch.randn(1, 4),), quantize="int8-weights", verbose=False)
