@@ -35,6 +35,13 @@ def _llama(tie: bool, layers: int = 4, vocab: int = 4096, hidden: int = 256):
     return model, ids
 
 
+def _export(model, inputs, dynamic_shapes=None, **kwargs):
+    """``(CircleModel, Program)``: a CircleModel keeps no FX graph, so capture and lower here and
+    keep the program, whose quantized graph runs in eager PyTorch (``program.run``)."""
+    program = circle_fx.capture(model, inputs, dynamic_shapes=dynamic_shapes)
+    return circle_fx.api.lower(program, **kwargs), program  # api.lower: verified by conftest
+
+
 def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
@@ -46,17 +53,17 @@ def llama():
     with torch.no_grad():
         ref = model(ids).logits.numpy()
     fp = circle_fx.export(model, (ids,), verbose=False)
-    q8 = circle_fx.export(model, (ids,), quantize="int8-weights", verbose=False)
-    return model, ids, ref, fp, q8
+    q8, program = _export(model, (ids,), quantize="int8-weights")
+    return model, ids, ref, fp, q8, program
 
 
 # ------------------------------------------------------------------ accuracy, size
 def test_int8_llama_runs_in_onert_within_bounds(llama):
     """Logits over 128 positions: relative error <= 5% and top-1 agreement >= 90% against the
     float model (measured: 2.7% and 95%); onert vs the dequantized graph <= 3% (1.4%)."""
-    model, ids, ref, fp, q8 = llama
+    model, ids, ref, fp, q8, program = llama
     (got,) = q8.run(ids)
-    graph = q8.program.run(ids)[0].numpy()
+    graph = program.run(ids)[0].numpy()
     assert got.shape == ref.shape == (1, SEQ, model.config.vocab_size)
     assert _rel(got, ref) <= 0.05
     assert _rel(got, graph) <= 0.03
@@ -68,7 +75,7 @@ def test_int8_llama_runs_in_onert_within_bounds(llama):
 
 
 def test_int8_llama_file_is_under_0_3x_and_keeps_rms_norm_fused(llama):
-    _, _, _, fp, q8 = llama
+    _, _, _, fp, q8, _ = llama
     assert q8.size <= 0.3 * fp.size, (q8.size, fp.size)
     hq, hf = q8.op_histogram(), fp.op_histogram()
     assert hq["RMS_NORM"] == hf["RMS_NORM"] == 2 * 4 + 1
@@ -86,7 +93,7 @@ def test_int8_llama_file_is_under_0_3x_and_keeps_rms_norm_fused(llama):
 
 
 def test_summary_shows_weight_bytes_by_dtype(llama):
-    _, _, _, fp, q8 = llama
+    _, _, _, fp, q8, _ = llama
     by = q8.weight_bytes_by_dtype()
     assert list(by)[0] == "int8" and by["uint8"] == 4096 * 256
     assert sum(by.values()) == q8.builder.weight_bytes()
@@ -132,9 +139,9 @@ def test_small_layers_bias_ranks_and_exact_embedding():
     torch.manual_seed(0)
     model = _Layers().eval()
     ids, v = torch.tensor([[0, 3, 49, 7, 7]]), torch.randn(16)
-    cm = circle_fx.export(model, (ids, v), quantize="int8-weights", verbose=False)
+    cm, program = _export(model, (ids, v), quantize="int8-weights")
     got = cm.run(ids, v)
-    graph = [t.numpy() for t in cm.program.run(ids, v)]
+    graph = [t.numpy() for t in program.run(ids, v)]
     with torch.no_grad():
         ref = [t.numpy() for t in model(ids, v)]
     for g, gr, r in zip(got, graph, ref):
@@ -153,8 +160,7 @@ def test_dynamic_sequence_length_resizes_in_one_session():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
     seq = torch.export.Dim("seq", min=2, max=64)
-    cm = circle_fx.export(model, (torch.randn(1, 5, 16),), dynamic_shapes=({1: seq},), quantize="int8-weights",
-                          verbose=False)
+    cm, program = _export(model, (torch.randn(1, 5, 16),), dynamic_shapes=({1: seq},), quantize="int8-weights")
     assert cm.op_histogram()["DEQUANTIZE"] == 2
     for n in (5, 3, 17, 6):  # one session, growing and shrinking
         x = torch.randn(1, n, 16)
@@ -162,7 +168,7 @@ def test_dynamic_sequence_length_resizes_in_one_session():
         with torch.no_grad():
             ref = model(x).numpy()
         assert got.shape == ref.shape and _rel(got, ref) <= 0.05
-        np.testing.assert_allclose(got, cm.program.run(x)[0].numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, program.run(x)[0].numpy(), rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------ the pass
@@ -182,8 +188,8 @@ def test_quantize_rows_bounds_and_chunking(monkeypatch):
 
 def test_float_weight_is_dropped_from_the_graph(llama):
     """No float copy of a quantized weight survives in the lowered program."""
-    _, _, _, _, q8 = llama
-    gm = q8.program.gm
+    *_, program = llama
+    gm = program.gm
     floats = [k for k, t in gm.named_buffers() if t.dtype == torch.float32 and t.dim() == 2]
     assert not floats, floats
 
@@ -364,3 +370,13 @@ def test_non_finite_weight_is_a_clear_error():
         fc.weight[2, 1] = float("inf")
     with pytest.raises(InputError, match=r"weight 'weight' cannot be quantized: row 2 has non-finite values"):
         circle_fx.export(fc, (torch.randn(1, 4),), quantize="int8-weights", verbose=False)
+
+
+def test_verify_checks_dequantize_operands(qbytes):
+    def float_out_becomes_int(sg, w):
+        m_ops = [op for op in sg.operators if any(sg.tensors[i].type == circle.TensorType.TensorType.UINT8
+                                                  for i in op.inputs) and len(op.inputs) == 1]
+        sg.tensors[m_ops[0].outputs[0]].type = circle.TensorType.TensorType.INT32
+    with pytest.raises(VerifyError) as e:
+        circle_fx.verify(_mutate(qbytes, float_out_becomes_int))
+    assert any("DEQUANTIZE" in p and "not FLOAT32" in p for p in e.value.problems), e.value.problems

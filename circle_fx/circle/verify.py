@@ -408,6 +408,15 @@ def _types(c: _Checker, op: OperatorView) -> str | None:
     return None
 
 
+def _dequantize(c: _Checker, op: OperatorView):
+    src, out = c.cf.tensors[op.inputs[0]], c.cf.tensors[op.outputs[0]]
+    if src.type not in (TT.UINT8, TT.INT8) or src.quantization is None:
+        return f"input {src.name!r} is {src.type_name} without usable quantization; onert dequantizes uint8/int8"
+    if out.type != TT.FLOAT32:
+        return f"output type {out.type_name} is not FLOAT32"
+    return _same_as_input(c, op)
+
+
 def _same_as_input(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), c.dims(op.inputs[0]))
 
@@ -661,7 +670,7 @@ _UNARY = ["NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LO
 
 _RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
 _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})
-_RULES.update({BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
+_RULES.update({BO.DEQUANTIZE: _dequantize, BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
                BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile, BO.PAD: _pad,

@@ -26,11 +26,26 @@ import torch
 
 from ...circle.schema import QuantParams
 from ...quant.ops import embedding_w8, linear_w8
-from ..context import quantization_of
 from ..registry import lowering
 from ._common import BO, options
 
 _HYBRID = QuantParams(1.0, 0)
+
+
+def _constant(ctx, value, dtypes, params: QuantParams, what: str) -> int:
+    """The constant ``value`` as a tensor carrying ``params``: the encoding is this lowering's
+    choice, so the quantize pass's ``QUANT_META`` is used when present and must agree, and a
+    graph built by hand (no metadata) gets the same encoding."""
+    if value.op != "get_attr" or ctx.dtype(value) not in dtypes:
+        raise ctx.error(f"{what} must be a constant of dtype {' or '.join(map(str, dtypes))}, "
+                        f"got %{value.name} ({ctx.dtype(value)})")
+    given = ctx.quantization(value)
+    if given is None:
+        return ctx.const_tensor(ctx.constant(value), value.target, params)
+    if given != params:
+        raise ctx.error(f"{what} %{value.name} carries quantization {given.describe()}; "
+                        f"this lowering needs {params.describe()}")
+    return ctx.tensor(value)
 
 
 @lowering(linear_w8)
@@ -39,37 +54,33 @@ def lower_linear_w8(ctx, node):
     if ctx.dtype(x) != torch.float32:
         raise ctx.error(f"int8-weight linear needs a float32 input (onert's hybrid FULLY_CONNECTED), "
                         f"got {ctx.dtype(x)}")
-    if w.op != "get_attr" or ctx.dtype(w) != torch.int8 or quantization_of(w) != _HYBRID:
-        raise ctx.error("int8-weight linear needs a constant int8 weight with per-tensor scale 1.0 and "
-                        "zero point 0 (set by the quantize_weights pass)")
-    out_shape, out_sig = ctx.shape_of(node)
-    if out_sig is not None and out_sig[:-1].count(-1) > 1:
-        raise ctx.error(f"int8-weight linear with several dynamic leading dims {out_sig} is not supported "
+    wt = _constant(ctx, w, (torch.int8,), _HYBRID, "the int8 weight")
+    out_dims, out_hint = ctx.dims(node), ctx.shape_hint(node)
+    if out_dims[:-1].count(-1) > 1:
+        raise ctx.error(f"int8-weight linear with several dynamic leading dims {out_dims} is not supported "
                         "(FULLY_CONNECTED flattens them and RESHAPE can restore only one)")
-    rows = math.prod(out_shape[:-1])
-    rows_sig = -1 if out_sig is not None and -1 in out_sig[:-1] else rows
-    flat, flat_sig = [rows, out_shape[-1]], ([rows_sig, out_shape[-1]] if out_sig is not None else None)
+    rows = math.prod(out_hint[:-1])
+    flat = [-1 if -1 in out_dims[:-1] else rows, out_dims[-1]]
+    flat_hint = [rows, out_hint[-1]]
     xt = ctx.tensor(x)
     if ctx.rank(x) == 1:  # FULLY_CONNECTED needs a 2-D input
-        xs, xsig = ctx.shape_of(x)
-        sig2 = [1] + xsig if xsig is not None else None
-        x2 = ctx.new_tensor([1] + xs, torch.float32, "in2d", sig2)
-        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand(shape=[1] + xs, signature=sig2)], [x2])
+        dims2 = [1] + ctx.dims(x)
+        x2 = ctx.new_tensor(dims2, torch.float32, "in2d", [1] + ctx.shape_hint(x))
+        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand(dims2)], [x2])
         xt = x2
-    last = len(out_shape) == 2
-
-    def step(name, is_last):
-        return ctx.output(node) if is_last and last else ctx.new_tensor(flat, torch.float32, name, flat_sig)
-
-    wt = ctx.tensor(w)
-    if out_sig is not None:
+    if -1 in out_dims:
         # onert 0.1.0's hybrid FC sizes its scratch buffers at the first run: a later call with
         # more or fewer rows crashes (double free). A dynamic model dequantizes the weight to
         # float on every call instead (same file size and numbers, no hybrid speed/RSS gain).
-        wf = ctx.new_tensor(ctx.static_shape(w), torch.float32, "weight_f32")
+        wf = ctx.new_tensor(ctx.dims(w, static=True), torch.float32, "weight_f32")
         ctx.op(BO.DEQUANTIZE, [wt], [wf])
         wt = wf
-    fc = ctx.new_tensor(flat, torch.float32, "fc_int8", flat_sig)
+    last = len(out_dims) == 2
+
+    def step(name, is_last):
+        return ctx.output(node) if is_last and last else ctx.new_tensor(flat, torch.float32, name, flat_hint)
+
+    fc = ctx.new_tensor(flat, torch.float32, "fc_int8", flat_hint)
     ctx.op(BO.FULLY_CONNECTED, [xt, wt, -1], [fc], options("FullyConnectedOptions", keepNumDims=False))
     scaled = step("scaled", bias is None)
     ctx.op(BO.MUL, [fc, ctx.tensor(scale)], [scaled], options("MulOptions"))
@@ -84,30 +95,25 @@ def lower_linear_w8(ctx, node):
 @lowering(embedding_w8)
 def lower_embedding_w8(ctx, node):
     table, scale, zero_point, ids = node.args
-    dt = ctx.dtype(table)
-    q = quantization_of(table)
-    if table.op != "get_attr" or dt not in (torch.uint8, torch.int8) or q is None or q.per_channel \
-            or q.scale[0] != 1.0 or q.zero_point[0] != zero_point:
-        raise ctx.error("int8-weight embedding needs a constant uint8/int8 table with per-tensor scale 1.0 "
-                        "and the op's zero point (set by the quantize_weights pass)")
-    tt = ctx.tensor(table)
+    signed = ctx.dtype(table) == torch.int8
+    if signed and zero_point != 0:
+        raise ctx.error(f"an int8 table has zero point 0, got {zero_point}")
+    tt = _constant(ctx, table, (torch.uint8, torch.int8), QuantParams(1.0, zero_point), "the embedding table")
     params = QuantParams(1.0, zero_point)
-    if dt == torch.int8:  # tied with a linear: read the same bytes as uint8, fix the sign below
-        params = QuantParams(1.0, 0)
+    if signed:  # tied with a linear: read the same bytes as uint8, fix the sign below
         tt = ctx.alias(tt, torch.uint8, "table_u8", params)
     rows = ctx.like(node, "rows_u8", torch.uint8, params)
     idx = ctx.tensor(ids)
     ctx.op(BO.GATHER, [tt, idx], [rows], options("GatherOptions", axis=0, batchDims=0))
     values = ctx.like(node, "rows")
     ctx.op(BO.DEQUANTIZE, [rows], [values])
-    if dt == torch.int8:
+    if signed:
         values = _signed(ctx, node, values)
-    ids_shape, ids_sig = ctx.shape_of(ids)
-    col, col_sig = ids_shape + [1], (ids_sig + [1] if ids_sig is not None else None)
-    picked = ctx.new_tensor(ids_shape, torch.float32, "row_scale", ids_sig)
+    ids_dims, ids_hint = ctx.dims(ids), ctx.shape_hint(ids)
+    picked = ctx.new_tensor(ids_dims, torch.float32, "row_scale", ids_hint)
     ctx.op(BO.GATHER, [ctx.tensor(scale), idx], [picked], options("GatherOptions", axis=0, batchDims=0))
-    column = ctx.new_tensor(col, torch.float32, "row_scale_col", col_sig)
-    ctx.op(BO.RESHAPE, [picked, ctx.shape_operand(shape=col, signature=col_sig)], [column])
+    column = ctx.new_tensor(ids_dims + [1], torch.float32, "row_scale_col", ids_hint + [1])
+    ctx.op(BO.RESHAPE, [picked, ctx.shape_operand(ids_dims + [1])], [column])
     ctx.op(BO.MUL, [values, column], [ctx.output(node)], options("MulOptions"))
 
 
