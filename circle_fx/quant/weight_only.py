@@ -204,5 +204,10 @@ class QuantizeWeights(Pass):
 
 
 def _matches(pattern: str, name: str) -> bool:
-    module = name.rsplit(".", 1)[0] if "." in name else name
-    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(module, pattern)
+    """A merged weight (``a.weight+b.weight``, from ``merge_linears``) matches when any part does:
+    it is one tensor, so skipping one member keeps the whole merged weight float."""
+    for part in name.split("+"):
+        module = part.rsplit(".", 1)[0] if "." in part else part
+        if fnmatch.fnmatchcase(part, pattern) or fnmatch.fnmatchcase(module, pattern):
+            return True
+    return False
