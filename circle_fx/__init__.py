@@ -12,6 +12,8 @@ from .explain import ExplainResult, explain, explain_report  # circle_fx.explain
 from .model import CircleModel
 from .passes import Pass, Pipeline, default_pipeline
 from .program import Program
+from .quant import QuantConfig
+from .quant import ops as _quant_ops  # noqa: F401  (registers torch.ops.circle.linear_w8/embedding_w8)
 from .circle.verify import VerifyReport, verify
 
 
@@ -29,4 +31,4 @@ __version__ = "0.1.0"
 __all__ = ["export", "capture", "lower", "CircleModel", "Program", "Pass", "Pipeline", "default_pipeline",
            "CircleFxError", "CaptureError", "InputError", "OutputError", "PassError", "RuntimeFailure",
            "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError", "verify", "VerifyReport",
-           "explain", "explain_report", "ExplainResult", "export_llm"]
+           "explain", "explain_report", "ExplainResult", "export_llm", "QuantConfig"]

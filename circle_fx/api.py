@@ -12,6 +12,8 @@ from .precision import check_precision
 from .passes import default_pipeline, finalize_pipeline, run_passes
 from .program import Program
 from .progress import NullProgress, print_timings, progress_for
+from .quant.config import QuantConfig, resolve_quantize
+from .errors import InputError
 
 
 def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
@@ -29,7 +31,8 @@ def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
 def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic_shapes: Any = None,
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
            verbose: bool | None = None, switch_implementations: bool = True,
-           cast_to_float32: bool = False, quant_target: str | None = None) -> CircleModel:
+           cast_to_float32: bool = False, quant_target: str | None = None,
+           quantize: str | QuantConfig | None = None) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -43,11 +46,14 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     :mod:`circle_fx.quant`), ``"onert"`` (default: integer FC/ADD/MUL, float islands where
     onert has no integer kernel, e.g. DEQUANTIZE -> RMS_NORM -> QUANTIZE) or ``"npu"`` (also a
     fully quantized RMS_NORM, which no public runtime runs).
+    ``quantize``: ``"int8-weights"`` (or a :class:`circle_fx.QuantConfig`) stores linear weights
+    as int8 and embedding tables as uint8, one scale per row; activations stay float32.
     """
     if quant_target is not None:
         from .passes.qdq import check_target
 
         check_target(quant_target)  # a bad value fails before the (slow) capture
+    quantize = resolve_quantize(quantize)  # likewise
     report = ExportReport()
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)
@@ -57,7 +63,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
         t1 = time.perf_counter()
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
-                   capture_seconds=t1 - t0, progress=progress, quant_target=quant_target)
+                   capture_seconds=t1 - t0, progress=progress, quant_target=quant_target, quantize=quantize)
     if verbose:
         print_timings(report.timings)
     return cm
@@ -65,19 +71,29 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
 
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
           capture_seconds: float = 0.0, progress: NullProgress | None = None,
-          quant_target: str | None = None) -> CircleModel:
+          quant_target: str | None = None, quantize: str | QuantConfig | None = None) -> CircleModel:
     """Run passes over an already captured :class:`Program` and emit it.
 
     A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
     (:func:`circle_fx.passes.qdq.bracket`), so fusions see through them.
+    ``quantize`` appends the weight quantization pass after ``passes`` (so fusions and any
+    weight merging see float weights, and merged weights get one scale per merged row).
     """
     report = report or ExportReport()
     progress = progress or NullProgress()
     t1 = time.perf_counter()
     pipeline = default_pipeline() if passes is None else list(passes)
-    from .passes.qdq import bracket
+    from .passes.qdq import bracket, has_qdq
 
     pipeline = bracket(program, pipeline, quant_target)
+    quantize = resolve_quantize(quantize)
+    if quantize is not None and has_qdq(program):
+        raise InputError("quantize=... asks for weight-only quantization, but the model is already statically "
+                         "quantized (it has quantize/dequantize nodes): export it without quantize=")
+    if quantize is not None:
+        from .quant.weight_only import QuantizeWeights
+
+        pipeline.append(QuantizeWeights(quantize))
     finalize = finalize_pipeline()
     progress.stage("passes", len(pipeline) + len(finalize))
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass
@@ -87,6 +103,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     check_precision(program)
     report.fusions = program.fusions()
     report.notes = list(program.notes.get("implementations", []))
+    report.quantization = program.notes.get("quantization")
     t2 = time.perf_counter()
     builder = emit(program, progress=progress)
     serialized = serialize(builder, external=external_weights)

@@ -234,6 +234,7 @@ def program_from_export(ep: ExportedProgram) -> Program:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             tensor = constants[spec.target].detach()
             name = add_constant(gm, tensor, spec.target)
+            gm.meta.setdefault("circle_fx.constant_names", {})[name] = spec.target  # for messages, skip lists
             with gm.graph.inserting_before(first):
                 attr = gm.graph.get_attr(name)
             attr.meta.update(node.meta)

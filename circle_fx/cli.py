@@ -98,7 +98,7 @@ def cmd_export(args) -> int:
     check_output_path(args.output)  # before building and converting the model
     model, inputs = build_model(args.model)
     cm = circle_fx.export(model, inputs, passes=[] if args.no_fuse else None,
-                          cast_to_float32=args.cast_to_float32)
+                          cast_to_float32=args.cast_to_float32, quantize=args.quantize)
     check = None
     if args.check:
         check = _compare_with_eager(cm, model, inputs)
@@ -168,6 +168,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="run no optimisation passes (only the mandatory folding and DCE)")
     e.add_argument("--cast-to-float32", action="store_true",
                    help="export a float16/bfloat16 model in float32 (onert 0.1.0 runs no FLOAT16 tensor)")
+    e.add_argument("--quantize", choices=["int8-weights"], default=None,
+                   help="int8-weights: linear weights int8, embedding tables uint8, one scale per row "
+                        "(activations stay float32; about 1%% error per layer in onert). --check then "
+                        "needs a larger --atol")
     e.set_defaults(func=cmd_export)
 
     i = sub.add_parser("inspect", help="print a .circle file's operators, tensors and buffers")

@@ -23,6 +23,8 @@ class ExportReport:
     pass_timings: dict[str, float] = field(default_factory=dict)
     #: what capture changed for the export (e.g. transformers implementations switched)
     notes: list = field(default_factory=list)
+    #: what the weight quantization pass did (``circle_fx.quant.weight_only.QuantizationRecord``)
+    quantization: object = None
 
 
 class CircleModel:
@@ -119,6 +121,15 @@ class CircleModel:
     def op_histogram(self) -> Counter:
         return Counter(op_name(op.code) for op in self.builder.operators)
 
+    def weight_bytes_by_dtype(self) -> dict[str, int]:
+        """Constant bytes per stored dtype (``{"int8": ..., "float32": ...}``), largest first;
+        each buffer counted once, even when two tensors share it (tied weights)."""
+        by: Counter = Counter()
+        for arr in self.builder.buffers:
+            if arr is not None:
+                by[str(arr.dtype)] += arr.nbytes
+        return dict(by.most_common())
+
     def summary(self) -> str:
         b = self.builder
         lines = ["circle_fx model summary", "=" * 23]
@@ -132,6 +143,10 @@ class CircleModel:
                      f"weight bytes: {b.weight_bytes():,}   file bytes: {self.size:,}"
                      + ("  (external weights)" if self.serialized.external else ""))
         lines.extend(f"note: {note}" for note in self.report.notes)
+        lines.append("weight bytes by dtype: " + ", ".join(
+            f"{dt} {n:,} ({100 * n / max(1, b.weight_bytes()):.1f}%)" for dt, n in self.weight_bytes_by_dtype().items()))
+        if self.report.quantization is not None:
+            lines.extend(self.report.quantization.lines())
         lines.append("")
         lines.append("op histogram:")
         for name, count in self.op_histogram().most_common():

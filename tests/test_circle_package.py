@@ -104,7 +104,10 @@ def test_quantization_slot_round_trips_from_node_meta_to_file():
     per_channel = QuantParams([0.1, 0.2, 0.3, 0.4], [0, 0, 0, 0], axis=0)
     pipeline = circle_fx.default_pipeline()
     pipeline.append(_tag(per_tensor, per_channel))
-    cm = circle_fx.export(_Linear().eval(), (torch.randn(2, 8),), passes=pipeline, verbose=False)
+    # the tags land on FLOAT32 tensors, which verify rejects (quantized tensors are integer-typed;
+    # checked at the end), so lower without the test suite's automatic verify
+    program = circle_fx.capture(_Linear().eval(), (torch.randn(2, 8),))
+    cm = getattr(circle_fx.api.lower, "__wrapped__", circle_fx.api.lower)(program, passes=pipeline)
     cf = read_circle(cm.to_bytes())
     quantized = {t.name: t for t in cf.tensors if t.quantization is not None}
     weights = [t for t in quantized.values() if t.shape == [4, 8]]
@@ -115,7 +118,10 @@ def test_quantization_slot_round_trips_from_node_meta_to_file():
     # every other tensor stays unquantized
     assert len(quantized) == 2
     text = format_circle(cf, sections=("tensors",))
-    assert "scale=0.05 zp=128" in text and "per-channel axis=0 (4 scales)" in text
+    assert "scale=0.05 zp=128" in text and "per-channel axis=0 (4 scales 0.1..0.4, zp=0)" in text
+    with pytest.raises(circle_fx.VerifyError) as e:
+        circle_fx.verify(cm.to_bytes())
+    assert len(e.value.problems) == 2 and all("FLOAT32 tensor carries quantization" in p for p in e.value.problems)
 
 
 def test_unquantized_models_carry_no_quantization(tiny_llama):

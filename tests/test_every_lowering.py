@@ -21,6 +21,7 @@ from circle_fx.emit.registry import LOWERINGS, builtin_targets
 from circle_fx.emit.writer import serialize
 from circle_fx.model import CircleModel, ExportReport
 from circle_fx.ops import rms_norm, rope
+from circle_fx.quant.ops import embedding_w8, linear_w8
 from circle_fx.source import op_name
 
 from onert_eager import Fn, assert_onert_matches_eager
@@ -55,6 +56,32 @@ class Lin(torch.nn.Module):
 
     def forward(self, x):
         return self.lin(x)
+
+
+class W8Linear(torch.nn.Module):
+    """``circle.linear_w8`` with int8 weights [3, 4], per-row scales and a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.tensor([[1, -2, 127, 0], [-127, 5, 9, 3], [64, 64, -64, 1]], dtype=torch.int8))
+        self.register_buffer("s", torch.tensor([0.01, 0.002, 0.03]))
+        self.register_buffer("b", torch.tensor([0.5, -1.0, 0.25]))
+
+    def forward(self, x):
+        return linear_w8(x, self.w, self.s, self.b)
+
+
+class W8Embedding(torch.nn.Module):
+    """``circle.embedding_w8``: a uint8 table [10, 4] (zero point 128) with per-row scales."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("t", torch.randint(0, 256, (10, 4), dtype=torch.uint8,
+                                                generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("s", torch.linspace(0.01, 0.1, 10))
+
+    def forward(self, ids):
+        return embedding_w8(self.t, self.s, 128, ids)
 
 
 X = r(2, 3, 4)
@@ -179,6 +206,10 @@ CASES = {
     aten.new_zeros.default: (Fn(lambda x: x + x.new_zeros((4,))), (X,)),
     aten.new_full.default: (Fn(lambda x: x + x.new_full((4,), 2.5)), (X,)),
     rope: (Fn(rope), (r(1, 2, 1, 8), r(1, 1, 8, seed=1), r(1, 1, 8, seed=2))),  # one position; 3-D tables reshaped
+    # int8 weights (onert's hybrid FC quantizes each input row to int8: rows of integers whose
+    # largest magnitude is 127 are quantized exactly, so the comparison stays at float noise)
+    linear_w8: (W8Linear(), (torch.tensor([[[127., -3, 5, 0], [-127, 64, 1, 2], [7, 127, -9, 3]]] * 2),)),
+    embedding_w8: (W8Embedding(), (ints(2, 3, high=10),)),
 }
 
 #: targets that only appear in a graph exported with dynamic shapes: target -> (module, inputs, dynamic_shapes)

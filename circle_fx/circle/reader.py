@@ -25,6 +25,9 @@ class TensorView:
     type: int  # circle TensorType
     buffer: int
     quantization: QuantParams | None = None
+    #: the file's ``(scales, zero points or None, quantizedDimension)`` as written, even when
+    #: inconsistent (then ``quantization`` is None); what ``verify`` checks
+    quant_raw: tuple | None = None
 
     @property
     def dtype(self):
@@ -91,15 +94,20 @@ def _load(src) -> bytes | memoryview:
     return memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if os.path.getsize(path) else memoryview(b"")
 
 
-def _quantization(t) -> QuantParams | None:
-    """The tensor's scale/zero point (None when it has none: a QuantizationParameters table
-    with no scales, as some writers leave on float tensors, carries nothing)."""
+def _quantization(t) -> tuple[QuantParams | None, tuple | None]:
+    """``(params, raw)``: the tensor's scale/zero point (None when it has none: a
+    QuantizationParameters table with no scales, as some writers leave on float tensors,
+    carries nothing; None too when the counts disagree) and the raw values as written."""
     q = t.Quantization()
     if q is None or q.ScaleIsNone() or not q.ScaleLength():
-        return None
-    scale = q.ScaleAsNumpy()
-    zp = q.ZeroPointAsNumpy() if not q.ZeroPointIsNone() and q.ZeroPointLength() else [0] * len(scale)
-    return QuantParams(tuple(scale), tuple(zp), q.QuantizedDimension())
+        return None, None
+    scale = tuple(float(x) for x in q.ScaleAsNumpy())
+    zp = tuple(int(x) for x in q.ZeroPointAsNumpy()) if not q.ZeroPointIsNone() and q.ZeroPointLength() else None
+    raw = (scale, zp, q.QuantizedDimension())
+    try:
+        return QuantParams(scale, zp if zp is not None else (0,) * len(scale), raw[2]), raw
+    except ValueError:
+        return None, raw
 
 
 def read_circle(src) -> CircleFile:
@@ -137,7 +145,7 @@ def read_circle(src) -> CircleFile:
             sig = [int(x) for x in t.ShapeSignatureAsNumpy()] if not t.ShapeSignatureIsNone() else None
             shape = [int(x) for x in t.ShapeAsNumpy()] if not t.ShapeIsNone() else []
             name = t.Name().decode() if t.Name() is not None else ""
-            tensors.append(TensorView(i, name, shape, sig, t.Type(), t.Buffer(), _quantization(t)))
+            tensors.append(TensorView(i, name, shape, sig, t.Type(), t.Buffer(), *_quantization(t)))
         operators = []
         for i in range(sg.OperatorsLength()):
             o = sg.Operators(i)

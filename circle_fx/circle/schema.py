@@ -132,4 +132,7 @@ class QuantParams:
     def describe(self) -> str:
         if not self.per_channel:
             return f"scale={self.scale[0]:.6g} zp={self.zero_point[0]}"
-        return f"per-channel axis={self.axis} ({len(self.scale)} scales)"
+        zps = set(self.zero_point)
+        zp = f"zp={zps.pop()}" if len(zps) == 1 else f"zp {min(self.zero_point)}..{max(self.zero_point)}"
+        return (f"per-channel axis={self.axis} ({len(self.scale)} scales "
+                f"{min(self.scale):.3g}..{max(self.scale):.3g}, {zp})")

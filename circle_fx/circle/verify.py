@@ -15,7 +15,10 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
 - shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
   reductions, STRIDED_SLICE, PAD, ARG_MAX, CONV_2D, SPLIT). Dynamic dims (``-1`` in ``shape_signature``) match anything;
-- signatures: names present and unique, pointing at exactly the graph inputs/outputs.
+- signatures: names present and unique, pointing at exactly the graph inputs/outputs;
+- quantization: a quantized tensor is integer-typed, has one scale per tensor or one per
+  slice along ``quantizedDimension`` (in range), one zero point per scale (within the type's
+  range), and positive finite scales.
 
 All problems are collected and raised together as one :class:`VerifyError`.
 """
@@ -132,6 +135,7 @@ class _Checker:
         if cf.num_subgraphs != 1:
             self.bad(f"model has {cf.num_subgraphs} subgraphs; circle_fx emits exactly one")
         self.check_tensors()
+        self.check_quantization()
         self.check_buffers()
         structure_ok = self.check_graph_io() & self.check_operators()
         self.check_signatures()
@@ -159,6 +163,32 @@ class _Checker:
                     self.bad(f"{where}: shape_signature {sig} has rank {len(sig)}, shape {t.shape} has {len(t.shape)}")
                 elif any(s != -1 and s != d for s, d in zip(sig, t.shape)):
                     self.bad(f"{where}: shape_signature {sig} disagrees with shape {t.shape}")
+
+    def check_quantization(self) -> None:
+        for t in self.cf.tensors:
+            if t.quant_raw is None:
+                continue
+            scales, zps, axis = t.quant_raw
+            where = f"tensor {t.index} {t.name!r}"
+            if t.type not in _QUANT_RANGE:
+                self.bad(f"{where}: {t.type_name} tensor carries quantization parameters; only integer "
+                         f"tensors ({', '.join(sorted(_QUANT_NAMES))}) are quantized")
+            rank = len(t.shape)
+            if not (0 <= axis < rank or (axis == 0 and rank == 0)):
+                self.bad(f"{where}: quantized dimension {axis} out of range for rank {rank}")
+            elif len(scales) != 1 and (rank == 0 or len(scales) != t.shape[axis]):
+                self.bad(f"{where}: {len(scales)} scales; expected 1 (per tensor) or "
+                         f"{t.shape[axis] if rank else 1} (one per slice along axis {axis})")
+            if zps is None or len(zps) != len(scales):
+                self.bad(f"{where}: {0 if zps is None else len(zps)} zero points for {len(scales)} scales")
+            bad = [s for s in scales if not (math.isfinite(s) and s > 0)]
+            if bad:
+                self.bad(f"{where}: scales must be positive and finite, got {bad[:4]}")
+            lo_hi = _QUANT_RANGE.get(t.type)
+            if zps is not None and lo_hi is not None:
+                out = [z for z in zps if not lo_hi[0] <= z <= lo_hi[1]]
+                if out:
+                    self.bad(f"{where}: zero point(s) {out[:4]} outside the {t.type_name} range {list(lo_hi)}")
 
     def check_buffers(self) -> None:
         for t in self.cf.tensors:
@@ -294,6 +324,13 @@ class _Checker:
         return obj
 
 
+#: integer types a quantized tensor may have, with their value ranges (for zero points)
+_QUANT_RANGE = {TT.INT8: (-128, 127), TT.UINT8: (0, 255), TT.INT16: (-32768, 32767),
+                TT.INT32: (-2**31, 2**31 - 1), TT.INT64: (-2**63, 2**63 - 1)}
+_QUANT_RANGE.update({getattr(TT, n): r for n, r in (("INT4", (-8, 7)), ("UINT4", (0, 15))) if hasattr(TT, n)})
+_QUANT_NAMES = {n for n in vars(TT) if not n.startswith("_") and getattr(TT, n) in _QUANT_RANGE}
+
+
 class _Skip(Exception):
     """Not enough information to check (e.g. a non-constant shape operand)."""
 
@@ -369,6 +406,15 @@ def _types(c: _Checker, op: OperatorView) -> str | None:
     if t and out != t[0]:
         return f"output type {c.cf.tensors[op.outputs[0]].type_name} differs from the inputs'"
     return None
+
+
+def _dequantize(c: _Checker, op: OperatorView):
+    src, out = c.cf.tensors[op.inputs[0]], c.cf.tensors[op.outputs[0]]
+    if src.type not in (TT.UINT8, TT.INT8) or src.quantization is None:
+        return f"input {src.name!r} is {src.type_name} without usable quantization; onert dequantizes uint8/int8"
+    if out.type != TT.FLOAT32:
+        return f"output type {out.type_name} is not FLOAT32"
+    return _same_as_input(c, op)
 
 
 def _same_as_input(c: _Checker, op: OperatorView):
@@ -626,7 +672,7 @@ _UNARY = ["NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LO
 
 _RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
 _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})
-_RULES.update({BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
+_RULES.update({BO.DEQUANTIZE: _dequantize, BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
                BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile, BO.PAD: _pad, BO.PADV2: _pad,

@@ -103,9 +103,20 @@ class LoweringContext:
         return self.builder.add_tensor(f"{self._prefix()}{name}", shape, circle_type(dtype, self.where()), 0, sig,
                                        quantization=quantization)
 
-    def like(self, node, name: str = "t", dtype: torch.dtype | None = None) -> int:
+    def like(self, node, name: str = "t", dtype: torch.dtype | None = None,
+             quantization: QuantParams | None = None) -> int:
         """An intermediate tensor shaped like ``node`` (dynamic dims included)."""
-        return self.new_tensor(self.dims(node), dtype or self.dtype(node), name, self.shape_hint(node))
+        return self.new_tensor(self.dims(node), dtype or self.dtype(node), name, self.shape_hint(node), quantization)
+
+    def alias(self, index: int, dtype: torch.dtype, name: str, quantization: QuantParams | None = None) -> int:
+        """A second tensor over constant ``index``'s buffer, read as ``dtype`` (same item size):
+        one stored copy of bytes that two ops need under different types (a tied int8 weight
+        that GATHER must read as uint8)."""
+        t = self.builder.tensors[index]
+        if not t.buffer:
+            raise self.error(f"tensor {t.name!r} is not a constant; only constants can be aliased")
+        return self.builder.add_tensor(f"{self._prefix()}{name}", t.shape, circle_type(dtype, self.where()),
+                                       t.buffer, quantization=quantization)
 
     def shape_operand(self, target) -> int:
         """int32 shape constant for RESHAPE to ``target``: a node (its dims) or a dims list.

@@ -155,6 +155,8 @@ class MergeLinears(Pass):
 def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, parts: list) -> fx.Node:
     """The stacked constant, carrying the members' markers and their merged quantization."""
     node = g.get_attr(add_constant(gm, tensor.contiguous(), hint))
+    names = gm.meta.setdefault("circle_fx.constant_names", {})  # provenance, for messages and skip lists
+    names[node.target] = "+".join(names.get(p.target, p.target) for p in parts)
     node.meta.update({k: v for k, v in markers(parts[0]).items() if k != QUANT_META})
     quant = _merged_quant(parts)
     if quant is not None:

@@ -1,14 +1,17 @@
-"""Quantized export.
+"""Quantized export, two flows.
 
-Static quantization (PT2E): :class:`CircleQuantizer` annotates a ``torch.export``-ed model
-for ``torchao.quantization.pt2e`` (``prepare_pt2e`` -> calibrate -> ``convert_pt2e``);
-``circle_fx.export(converted, inputs, quant_target="onert" | "npu")`` then turns the
-quantize/dequantize nodes into Circle quantization (:mod:`circle_fx.passes.qdq`).
-``qops`` holds the quantized torch custom ops those passes produce.
+- Weight-only (``weight_only``): ``circle_fx.export(model, inputs, quantize="int8-weights")``
+  or a :class:`QuantConfig`: int8 weights with float activations.
+- Static quantization (PT2E): :class:`CircleQuantizer` annotates a ``torch.export``-ed model
+  for ``torchao.quantization.pt2e`` (``prepare_pt2e`` -> calibrate -> ``convert_pt2e``);
+  ``circle_fx.export(converted, inputs, quant_target="onert" | "npu")`` then turns the
+  quantize/dequantize nodes into Circle quantization (:mod:`circle_fx.passes.qdq`).
+  ``qops`` holds the quantized torch custom ops those passes produce.
 
 The quantizer needs torchao (``pip install circle-fx[quant]``); it is imported on first use
 so that ``import circle_fx`` never requires it.
 """
+from .config import QuantConfig, resolve_quantize
 
 
 def __getattr__(name):
@@ -19,4 +22,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CircleQuantizer"]
+__all__ = ["CircleQuantizer", "QuantConfig", "resolve_quantize"]

@@ -1,0 +1,213 @@
+"""The ``quantize_weights`` pass: linear weights -> int8 rows, embedding tables -> uint8 rows.
+
+For every constant weight it computes, once and at compile time, int8 values with one
+symmetric scale per output row (``scale = max|row| / 127``), and rewrites its users:
+``aten.linear`` -> ``circle.linear_w8``, ``aten.embedding`` -> ``circle.embedding_w8``
+(see :mod:`circle_fx.quant.ops`). The float weight is then unused and dropped by DCE, so
+the graph never holds a float and a quantized copy of the same weight side by side; the
+rows are quantized in chunks of ~4 MiB, so no full-size float temporary exists either.
+
+How the file encodes it (onert 0.1.0, measured; ``docs/onert-findings.md``): the int8
+weight carries a per-tensor scale of 1.0 (onert's hybrid FULLY_CONNECTED silently uses only
+``scale[0]`` of per-channel scales) and a MUL by the per-row scales follows; an embedding-only
+table is stored as ``q + 128`` (uint8, zero point 128: GATHER rejects int8 tables).
+
+Tied weights (one tensor used by a linear and an embedding: Llama's ``lm_head`` ==
+``embed_tokens``) stay one int8 buffer: the embedding reads it through a uint8 view and
+fixes the sign after DEQUANTIZE (see the lowering), so the file holds the table once.
+
+A weight is left float, with the reason recorded, when a skip pattern matches it, when it
+has a user that is neither a linear (as weight) nor an embedding (as table) — quantizing
+it would mean keeping a float copy too — or when it is tied to a use the config keeps float.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ..emit.context import QUANT_META
+from ..circle.schema import QuantParams
+from ..errors import InputError
+from ..fx_utils import fake_mode_of, make_node
+from ..passes.base import Pass
+from ..program import add_constant
+from .config import QuantConfig
+from .ops import embedding_w8, linear_w8
+
+aten = torch.ops.aten
+
+#: the int8 weight of a hybrid FULLY_CONNECTED: per-tensor scale 1.0, the row scales follow as a MUL
+HYBRID_WEIGHT = QuantParams(1.0, 0)
+#: the zero point of an embedding-only table stored as ``q + 128``
+UINT8_ZERO_POINT = 128
+#: ``program.notes`` key of the :class:`QuantizationRecord`
+NOTES_KEY = "quantization"
+
+_CHUNK_BYTES = 4 << 20
+
+
+@dataclass
+class QuantizationRecord:
+    """What the pass did, for ``summary()``: quantized weights and the ones left float."""
+
+    config: QuantConfig
+    quantized: list[tuple[str, str, tuple, str]] = field(default_factory=list)  # (name, uses, shape, dtype)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
+
+    def lines(self) -> list[str]:
+        uses: dict[str, int] = {}
+        for _, kind, _, dtype in self.quantized:
+            uses[f"{kind} -> {dtype}"] = uses.get(f"{kind} -> {dtype}", 0) + 1
+        out = [f"quantized weights: {len(self.quantized)} (" + ", ".join(f"{k} x{v}" for k, v in uses.items()) + ")"]
+        out += [f"  kept float: {name}: {why}" for name, why in self.skipped]
+        return out
+
+
+def quantize_rows(w: torch.Tensor, unsigned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row: ``(q, scale)`` with ``w ~= q * scale[:, None]``, ``|q| <= 127``.
+
+    ``unsigned`` stores ``q + 128`` as uint8 (zero point 128). Works through the rows in
+    chunks of ~4 MiB, so the only full-size allocation is the 1-byte result. An all-zero
+    row gets scale 1 (scales must be positive for the file; its values are 0 either way).
+    numpy, not torch: its min/max/rint run 5-10x faster here (torch.round and aminmax
+    dominated the conversion time of a 125M model). Raises ValueError on inf/nan.
+    """
+    if w.dim() != 2:
+        raise ValueError(f"expected a 2-D weight, got shape {tuple(w.shape)}")
+    rows, cols = w.shape
+    q = np.empty((rows, cols), dtype=np.uint8 if unsigned else np.int8)
+    scale = np.empty(rows, dtype=np.float32)
+    step = max(1, _CHUNK_BYTES // max(1, cols * 4))
+    with torch.no_grad():
+        for i in range(0, rows, step):
+            block = w[i:i + step].to(torch.float32).numpy()
+            amax = np.maximum(block.max(axis=1), -block.min(axis=1))
+            if not np.isfinite(amax).all():
+                raise ValueError(f"row {i + int(np.argmin(np.isfinite(amax)))} has non-finite values (inf/nan)")
+            s = amax / np.float32(127)
+            s = np.where(s > 0, s, np.float32(1))
+            r = block / s[:, None]  # the one chunk-sized float temporary; the rest in place
+            np.rint(r, out=r)
+            np.clip(r, -127, 127, out=r)
+            if unsigned:
+                r += 128
+            q[i:i + step] = r
+            scale[i:i + step] = s
+    return torch.from_numpy(q), torch.from_numpy(scale)
+
+
+def _uses(attr: fx.Node):
+    """``(linears, embeddings, others)``: the users reading ``attr`` as a linear weight, as an
+    embedding table, and in any other way."""
+    linears, embeddings, others = [], [], []
+    for user in attr.users:
+        if user.target is aten.linear.default and len(user.args) > 1 and user.args[1] is attr \
+                and attr not in user.args[:1] + user.args[2:]:
+            linears.append(user)
+        elif user.target is aten.embedding.default and user.args[0] is attr and attr not in user.args[1:]:
+            embeddings.append(user)
+        else:
+            others.append(user)
+    return linears, embeddings, others
+
+
+class QuantizeWeights(Pass):
+    """Weight-only int8 quantization (see the module docstring)."""
+
+    name = "quantize_weights"
+
+    def __init__(self, config: QuantConfig | None = None):
+        super().__init__()
+        self.config = config or QuantConfig()
+
+    def run(self, program) -> bool:
+        cfg = self.config
+        gm, g = program.gm, program.graph
+        names = gm.meta.get("circle_fx.constant_names", {})
+        record = QuantizationRecord(cfg)
+        matched = set()
+        changed = False
+        for attr in [n for n in g.nodes if n.op == "get_attr"]:
+            w = program.constant(attr)
+            if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32:
+                continue
+            linears, embeddings, others = _uses(attr)
+            if not linears and not embeddings:
+                continue
+            name = names.get(attr.target, attr.target)
+            hits = [p for p in cfg.skip if _matches(p, name)]
+            if hits:
+                matched.update(hits)
+                record.skipped.append((name, f"matches skip pattern {hits[0]!r}"))
+                continue
+            reason = self._keep_float(linears, embeddings, others)
+            if reason:
+                record.skipped.append((name, reason))
+                continue
+            self._rewrite(program, attr, w, linears, embeddings, record, name)
+            changed = True
+        unmatched = [p for p in cfg.skip if p not in matched]
+        if unmatched:
+            raise InputError(f"QuantConfig(skip=...): pattern(s) {unmatched} match no quantizable weight; "
+                             "patterns are matched against parameter names such as 'lm_head.weight' "
+                             "or module names such as 'model.layers.0.mlp.down_proj'")
+        program.notes[NOTES_KEY] = record
+        return changed
+
+    def _keep_float(self, linears, embeddings, others) -> str | None:
+        cfg = self.config
+        if others:
+            ops = sorted({str(getattr(u.target, "__name__", u.target)) for u in others})
+            return f"also read by {', '.join(ops)} (quantizing would keep a float copy as well)"
+        if linears and embeddings and (cfg.weights is None or cfg.embedding is None):
+            return "shared by a linear and an embedding, and the config keeps one of them float"
+        if linears and cfg.weights is None:
+            return "linear weights are kept float (QuantConfig.weights=None)"
+        if embeddings and not linears and cfg.embedding is None:
+            return "embeddings are kept float (QuantConfig.embedding=None)"
+        return None
+
+    def _rewrite(self, program, attr, w, linears, embeddings, record, name) -> None:
+        gm, g = program.gm, program.graph
+        unsigned = not linears  # a table only GATHER reads: uint8, zero point 128
+        try:
+            q, scale = quantize_rows(w, unsigned=unsigned)
+        except ValueError as e:
+            raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
+        mode = fake_mode_of(g)
+        with g.inserting_before(attr):
+            qn = g.get_attr(add_constant(gm, q, f"{attr.target}_q"))
+            sn = g.get_attr(add_constant(gm, scale, f"{attr.target}_scale"))
+        for n, t in ((qn, q), (sn, scale)):
+            # static: a fake made under the export's shape env would otherwise get symbolic sizes
+            n.meta["val"] = mode.from_tensor(t, static_shapes=True) if mode is not None else t
+        zero_point = UINT8_ZERO_POINT if unsigned else 0
+        qn.meta[QUANT_META] = QuantParams(1.0, zero_point)
+        for user in linears:
+            x, _, bias = (list(user.args) + [None])[:3]
+            self._replace(g, user, linear_w8, (x, qn, sn, bias))
+        for user in embeddings:
+            self._replace(g, user, embedding_w8, (qn, sn, zero_point, user.args[1]))
+        kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
+        record.quantized.append((name, kinds, tuple(w.shape), str(q.dtype).replace("torch.", "")))
+
+    @staticmethod
+    def _replace(g, user, target, args) -> None:
+        with g.inserting_before(user):
+            new = make_node(g, target, args, like=user)
+        user.replace_all_uses_with(new)
+        g.erase_node(user)
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """A merged weight (``a.weight+b.weight``, from ``merge_linears``) matches when any part does:
+    it is one tensor, so skipping one member keeps the whole merged weight float."""
+    for part in name.split("+"):
+        module = part.rsplit(".", 1)[0] if "." in part else part
+        if fnmatch.fnmatchcase(part, pattern) or fnmatch.fnmatchcase(module, pattern):
+            return True
+    return False

@@ -1,0 +1,103 @@
+"""A >= 600M-parameter Llama exported with int8 weights, end to end, in one process.
+
+    python tests/big_llama.py OUT_DIR      # prints one JSON line of measurements
+
+Used by ``tests/test_quant_big.py`` (slow) in a subprocess, so its peak RSS is this run's
+alone. The model is built on the meta device and materialised with ``to_empty`` + in-place
+``normal_``: one float copy of the weights exists, never two (a plain constructor would
+initialise, and ``load_state_dict`` of random weights would hold a second copy).
+onert runs the file in a child process of its own (``USE_MMAPED_DATA=1``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import torch
+
+CONFIG = dict(vocab_size=32000, hidden_size=1536, intermediate_size=4096, num_hidden_layers=24,
+              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=512, use_cache=False)
+SEQ = 32
+
+
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM; ru_maxrss would carry a parent's peak over exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def build(seed: int = 0):
+    """``(model, ids)``: random weights (std 0.02, norms 1) written in place, layer by layer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(**CONFIG)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to_empty(device="cpu").eval()
+    model.model.rotary_emb = LlamaRotaryEmbedding(cfg)  # its buffers are computed, not loaded
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    ids = torch.randint(0, cfg.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(seed + 1))
+    return model, ids
+
+
+_RUNNER = textwrap.dedent("""
+    import sys, time, numpy as np, onert
+    path, ids_path, out_path = sys.argv[1:4]
+    t = time.perf_counter()
+    sess = onert.infer.session(path)
+    out = sess.infer([np.load(ids_path)])[0]
+    np.save(out_path, out)
+    hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    print(time.perf_counter() - t, hwm * 1024)
+""")
+
+
+def main(out_dir: str) -> dict:
+    import circle_fx
+
+    t0 = time.perf_counter()
+    model, ids = build()
+    params = sum(p.numel() for p in model.parameters())
+    t1 = time.perf_counter()
+    cm = circle_fx.export(model, (ids,), quantize="int8-weights", verbose=False)
+    path = cm.save(os.path.join(out_dir, "big_int8.circle"))
+    t2 = time.perf_counter()
+    rms = cm.op_histogram()["RMS_NORM"]
+    by_dtype = cm.weight_bytes_by_dtype()
+    del cm
+    with torch.no_grad():
+        ref = model(ids).logits.numpy()
+    t3 = time.perf_counter()
+    rss_convert = peak_rss()
+    del model
+    ids_path, out_path = os.path.join(out_dir, "ids.npy"), os.path.join(out_dir, "logits.npy")
+    np.save(ids_path, ids.numpy().astype(np.int64))
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, path, ids_path, out_path], capture_output=True,
+                          text=True, env=dict(os.environ, USE_MMAPED_DATA="1"), timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"onert failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    onert_seconds, rss_onert = proc.stdout.split()
+    got = np.load(out_path)
+    return {"params": params, "file_bytes": os.path.getsize(path), "float32_bytes": 4 * params,
+            "weight_bytes_by_dtype": by_dtype, "rms_norm": rms, "layers": CONFIG["num_hidden_layers"],
+            "build_s": t1 - t0, "export_save_s": t2 - t1, "eager_s": t3 - t2, "onert_s": float(onert_seconds),
+            "total_s": time.perf_counter() - t0, "peak_rss_convert": rss_convert, "peak_rss_onert": int(rss_onert),
+            "rel_err": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
+            "top1": float((got.argmax(-1) == ref.argmax(-1)).mean()), "positions": int(got.shape[1]),
+            "shape_ok": list(got.shape) == list(ref.shape)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
