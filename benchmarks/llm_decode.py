@@ -20,8 +20,8 @@ Measured in one process, same machine, same run:
   ``TRACING_MODE=1 WORKSPACE_DIR=<dir>`` and the per-op averages in ``trace.json`` are summed
   by op type.
 
-int8 weights: the slot is in the table (``onert int8``); it reads "n/a" until circle_fx's
-quantization export lands (then pass the quantized package with ``--int8-package DIR``).
+int8 weights: ``--int8`` also exports the same model with ``quantize="int8-weights"`` and fills
+the ``onert int8`` column (or pass an exported package with ``--int8-package DIR``).
 """
 from __future__ import annotations
 
@@ -153,7 +153,8 @@ def trace(package: str, steps: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--package", help="an already exported package directory (default: export now)")
-    ap.add_argument("--int8-package", help="a package with int8 weights (when quantization lands)")
+    ap.add_argument("--int8-package", help="an already exported package with int8 weights")
+    ap.add_argument("--int8", action="store_true", help="also export and measure an int8-weights package")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--new", type=int, default=32, help="new tokens for the tokens/s measurement")
     ap.add_argument("--trace-steps", type=int, default=20)
@@ -172,6 +173,10 @@ def main(argv=None) -> int:
         circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN).save(package)
         print(f"exported to {package} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     on_pos, on_tps, on_prefill, on_tokens = onert_times(package, args.reps, args.new)
+    if args.int8 and not args.int8_package:
+        args.int8_package = tempfile.mkdtemp(prefix="llm_decode_int8_")
+        circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN,
+                             quantize="int8-weights").save(args.int8_package)
     q = onert_times(args.int8_package, args.reps, args.new) if args.int8_package else None
     threads = torch.get_num_threads()
     th_pos, th_tps, th_tokens = torch_times(model, args.reps, args.new)

@@ -26,6 +26,7 @@ import torch
 from .. import api
 from ..errors import InputError, UnsupportedDtypeError
 from ..passes import default_pipeline
+from ..quant.config import resolve_quantize
 from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
 from .package import LLMPackage
@@ -99,14 +100,14 @@ def _rename_inputs(program, names: list[str]) -> None:
     program.input_names = [n.name for n in placeholders]
 
 
-def _capture(module, args, input_names, pipeline):
+def _capture(module, args, input_names, pipeline, quantize=None):
     program = api.capture(module, args)
     _rename_inputs(program, input_names)
-    return api.lower(program, passes=pipeline)
+    return api.lower(program, passes=pipeline, quantize=quantize)
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
-               eos_token_ids=None) -> LLMPackage:
+               eos_token_ids=None, quantize=None) -> LLMPackage:
     """Export ``model`` (a transformers ``…ForCausalLM``, float32) as a prefill model and a
     decode-step model with an explicit KV cache of ``max_seq_len`` positions per layer.
 
@@ -115,10 +116,13 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     use Circle's ROPE op in the decode model (False keeps the decomposed form). Both models
     also run :class:`~circle_fx.passes.gqa.GroupedQueryAttention` (no K/V head copies).
     ``eos_token_ids`` overrides the ones recorded from ``model.generation_config``.
+    ``quantize``: as for :func:`circle_fx.export` (``"int8-weights"``: both models store int8
+    linear weights and a uint8 embedding; caches and activations stay float32).
     Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
     """
     if DecodeStep is None:
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
+    quantize = resolve_quantize(quantize)  # a bad value fails before the (slow) captures
     spec = model_spec(model, max_seq_len, prefill_len)
     L, S, P = spec.num_layers, spec.max_seq_len, spec.prefill_len
     cache_names = [f"{kind}_cache_{i}" for i in range(L) for kind in ("key", "value")]
@@ -134,10 +138,10 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         ids1 = torch.zeros(1, 1, dtype=torch.int32)
         pos = torch.zeros(1, dtype=torch.int32)
         decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
-                          decode_pipe)
+                          decode_pipe, quantize)
         idsP = torch.zeros(1, P, dtype=torch.int32)
         last = torch.zeros(1, dtype=torch.int32)
-        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe)
+        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe, quantize)
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
