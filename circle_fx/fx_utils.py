@@ -173,3 +173,33 @@ def erase_unused(graph: fx.Graph, nodes) -> None:
                 graph.erase_node(n)
                 pending.remove(n)
                 progress = True
+
+
+def input_dependent(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes whose value depends on a model input (the rest are constants that folding evaluates)."""
+    live: set[fx.Node] = set()
+    for n in graph.nodes:
+        if n.op == "placeholder" or any(i in live for i in n.all_input_nodes):
+            live.add(n)
+    return live
+
+
+def is_float(value: Any) -> bool:
+    """Is ``value`` (a node or tensor) of a floating dtype?"""
+    dt = dtype_of(value)
+    return dt is not None and dt.is_floating_point
+
+
+def number(v: Any) -> float | None:
+    """``v`` as a float when it is a Python int or float literal (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def scaled_operand(node: fx.Node) -> tuple[Any, float | None]:
+    """``(x, k)`` for ``x * k``, ``k * x`` or ``x / k`` with a literal number ``k`` (None if not)."""
+    x, k = node.args[0], number(node.args[1])
+    if node.target is torch.ops.aten.mul.Tensor and k is None:
+        x, k = node.args[1], number(node.args[0])
+    return x, k

@@ -15,28 +15,18 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from ..fx_utils import CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_noop, look_through, make_node, shape_of
+from ..fx_utils import (CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_float, is_noop, look_through, make_node,
+                       number, scaled_operand, shape_of)
 from .base import Pass
 
 aten = torch.ops.aten
 Rule = Callable[[fx.Node, fx.Graph], Optional[fx.Node]]
 
 
-def _is_float(n) -> bool:
-    dt = dtype_of(n)
-    return dt is not None and dt.is_floating_point
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
-
-
 def square_to_pow(n, g):
-    if n.target is aten.square.default and _is_float(n.args[0]):
+    if n.target is aten.square.default and is_float(n.args[0]):
         return make_node(g, aten.pow.Tensor_Scalar, (n.args[0], 2), like=n)
-    if n.target is aten.mul.Tensor and _is_float(n):
+    if n.target is aten.mul.Tensor and is_float(n):
         a, b = look_through(n.args[0]), look_through(n.args[1])
         if isinstance(a, fx.Node) and a is b:
             return make_node(g, aten.pow.Tensor_Scalar, (a, 2), like=n)
@@ -44,11 +34,11 @@ def square_to_pow(n, g):
 
 
 def multiply_by_one(n, g):
-    if n.target in (aten.mul.Tensor, aten.div.Tensor) and _is_float(n):
+    if n.target in (aten.mul.Tensor, aten.div.Tensor) and is_float(n):
         a, b = n.args[0], n.args[1]
-        if n.target is aten.mul.Tensor and _num(a) == 1.0:
+        if n.target is aten.mul.Tensor and number(a) == 1.0:
             a, b = b, a
-        if _num(b) == 1.0 and isinstance(a, fx.Node) and dtype_of(a) == dtype_of(n) and shape_of(a) == shape_of(n):
+        if number(b) == 1.0 and isinstance(a, fx.Node) and dtype_of(a) == dtype_of(n) and shape_of(a) == shape_of(n):
             return a
     return None
 
@@ -57,10 +47,10 @@ def reciprocal_sqrt(n, g):
     """``reciprocal(sqrt(v))`` and ``pow(v, -0.5)`` -> ``rsqrt(v)``; ``pow(v, .5)`` -> ``sqrt``."""
     if n.target is aten.reciprocal.default:
         s = look_through(n.args[0])
-        if isinstance(s, fx.Node) and s.target is aten.sqrt.default and _is_float(s):
+        if isinstance(s, fx.Node) and s.target is aten.sqrt.default and is_float(s):
             return make_node(g, aten.rsqrt.default, (s.args[0],), like=n)
-    if n.target is aten.pow.Tensor_Scalar and _is_float(n.args[0]):
-        e = _num(n.args[1])
+    if n.target is aten.pow.Tensor_Scalar and is_float(n.args[0]):
+        e = number(n.args[1])
         if e == -0.5:
             return make_node(g, aten.rsqrt.default, (n.args[0],), like=n)
         if e == 0.5:
@@ -72,7 +62,7 @@ def divide_by_sqrt(n, g):
     """``x / sqrt(v)`` -> ``x * rsqrt(v)``."""
     if n.target is aten.div.Tensor and len(n.args) == 2 and not n.kwargs.get("rounding_mode"):
         s = look_through(n.args[1])
-        if isinstance(s, fx.Node) and s.target is aten.sqrt.default and _is_float(n):
+        if isinstance(s, fx.Node) and s.target is aten.sqrt.default and is_float(n):
             r = make_node(g, aten.rsqrt.default, (s.args[0],), like=n)
             new = make_node(g, aten.mul.Tensor, (n.args[0], r), like=n)
             if dtype_of(new) == dtype_of(n) and shape_of(new) == shape_of(n):
@@ -90,7 +80,7 @@ def reduction_dtype_to_cast(n, g):
         return None
     args = arguments(n)
     x, dims, keepdim, dtype = args[:4]
-    if dtype is None or not isinstance(x, fx.Node) or not _is_float(x) or not _is_float(n):
+    if dtype is None or not isinstance(x, fx.Node) or not is_float(x) or not is_float(n):
         return None  # integer sums promote to int64 on their own: not a plain cast there
     cast = None
     if dtype != dtype_of(x):
@@ -106,16 +96,14 @@ def reduction_dtype_to_cast(n, g):
 
 def sum_to_mean(n, g):
     """``sum(x, dims, keepdim) / N`` (or ``* (1/N)``) with N the reduced count -> ``mean``."""
-    if n.target not in (aten.div.Tensor, aten.mul.Tensor) or not _is_float(n):
+    if n.target not in (aten.div.Tensor, aten.mul.Tensor) or not is_float(n):
         return None
-    s, k = n.args[0], _num(n.args[1])
-    if n.target is aten.mul.Tensor and k is None:
-        s, k = n.args[1], _num(n.args[0])
+    s, k = scaled_operand(n)
     if k is None or k == 0 or not isinstance(s, fx.Node) or s.target is not aten.sum.dim_IntList:
         return None
     x, dims, keepdim = arguments(s)[:3]
     shape = shape_of(x)
-    if shape is None or not dims or not _is_float(x) or arguments(s)[3] is not None:
+    if shape is None or not dims or not is_float(x) or arguments(s)[3] is not None:
         return None
     reduced = [shape[d % len(shape)] for d in dims]
     if not all(isinstance(c, int) for c in reduced):

@@ -24,22 +24,11 @@ import math
 import torch
 import torch.fx as fx
 
-from ..fx_utils import arguments, dtype_of, look_through, make_node, shape_of
+from ..fx_utils import arguments, dtype_of, is_float, look_through, make_node, number, scaled_operand, shape_of
 
 aten = torch.ops.aten
 _REDUCTIONS = (aten.mean.dim, aten.sum.dim_IntList)
 _RESHAPES = (aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-
-
-def _is_float(n) -> bool:
-    dt = dtype_of(n)
-    return dt is not None and dt.is_floating_point
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
 
 
 def _replace_checked(g, n, new):
@@ -52,7 +41,7 @@ def _replace_checked(g, n, new):
 
 def readd_reduced_dim(n, g):
     """``unsqueeze/view(mean(v, dims, keepdim=False))`` to the keepdim shape -> keepdim=True."""
-    if n.target not in _RESHAPES or not _is_float(n):
+    if n.target not in _RESHAPES or not is_float(n):
         return None
     r = n.args[0]
     if not isinstance(r, fx.Node) or r.target not in _REDUCTIONS:
@@ -74,7 +63,7 @@ def vector_norm_to_sqrt_sum(n, g):
     if n.target is not aten.linalg_vector_norm.default:
         return None
     x, ord_, dims, keepdim, dtype = arguments(n)[:5]
-    if _num(ord_) != 2.0 or dtype is not None or not _is_float(x) or not _is_float(n):
+    if number(ord_) != 2.0 or dtype is not None or not is_float(x) or not is_float(n):
         return None
     shape = shape_of(x)
     if shape is None:
@@ -92,11 +81,9 @@ def vector_norm_to_sqrt_sum(n, g):
 
 def scaled_root_sum_to_root_mean(n, g):
     """``sqrt(sum(v, dims)) * k`` (``/ k``) with ``k**2 * N == 1`` -> ``sqrt(mean(v, dims))``."""
-    if n.target not in (aten.mul.Tensor, aten.div.Tensor) or not _is_float(n):
+    if n.target not in (aten.mul.Tensor, aten.div.Tensor) or not is_float(n):
         return None
-    r, k = n.args[0], _num(n.args[1])
-    if n.target is aten.mul.Tensor and k is None:
-        r, k = n.args[1], _num(n.args[0])
+    r, k = scaled_operand(n)
     r = look_through(r)
     if not k or not isinstance(r, fx.Node) or r.target is not aten.sqrt.default:
         return None
@@ -122,12 +109,12 @@ def _sum_of_squares(v) -> bool:
     if not isinstance(v, fx.Node) or v.target not in _REDUCTIONS:
         return False
     sq = look_through(v.args[0])
-    return isinstance(sq, fx.Node) and sq.target is aten.pow.Tensor_Scalar and _num(sq.args[1]) == 2.0
+    return isinstance(sq, fx.Node) and sq.target is aten.pow.Tensor_Scalar and number(sq.args[1]) == 2.0
 
 
 def square_of_root(n, g):
     """``sqrt(s) ** 2`` -> ``s`` for a (non-negative) sum or mean of squares."""
-    if n.target is not aten.pow.Tensor_Scalar or _num(n.args[1]) != 2.0:
+    if n.target is not aten.pow.Tensor_Scalar or number(n.args[1]) != 2.0:
         return None
     r = look_through(n.args[0])
     if not isinstance(r, fx.Node) or r.target is not aten.sqrt.default or not _sum_of_squares(r.args[0]):
@@ -139,7 +126,7 @@ def square_of_root(n, g):
 def zero_epsilon(n, g):
     """``rsqrt(mean(x**2))`` -> ``rsqrt(mean(x**2) + 0.0)`` and ``x / sqrt(mean(x**2))`` ->
     ``x * rsqrt(mean(x**2) + 0.0)``: epsilon 0, spelled out."""
-    if not _is_float(n):
+    if not is_float(n):
         return None
     if n.target is aten.rsqrt.default:
         v = n.args[0]

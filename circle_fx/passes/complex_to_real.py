@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..fx_utils import make_node, val
+from ..fx_utils import input_dependent, make_node, val
 
 aten = torch.ops.aten
 
@@ -36,17 +36,10 @@ def _is_complex(v) -> bool:
     return isinstance(v, torch.Tensor) and v.is_complex()
 
 
-def _live(graph: fx.Graph) -> set[fx.Node]:
-    live: set[fx.Node] = set()
-    for n in graph.nodes:
-        if n.op == "placeholder" or any(i in live for i in n.all_input_nodes):
-            live.add(n)
-    return live
-
 
 def complex_to_real(program) -> bool:
     g = program.gm.graph
-    live = _live(g)
+    live = input_dependent(g)
     todo = [n for n in g.nodes if n.op == "call_function" and n in live
             and (_is_complex(val(n)) or any(_is_complex(val(i)) for i in n.all_input_nodes))]
     if not todo or any(n.target not in _SUPPORTED for n in todo):

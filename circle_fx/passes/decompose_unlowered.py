@@ -29,7 +29,7 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from ..emit.registry import lowering_for
-from ..fx_utils import make_node, val
+from ..fx_utils import input_dependent, make_node, val
 from ..program import add_constant
 
 aten = torch.ops.aten
@@ -73,13 +73,6 @@ def _takes_tensor(op) -> bool:
     return any(isinstance(a.type, torch.TensorType) or "Tensor" in str(a.type) for a in op._schema.arguments)
 
 
-def _depends_on_input(graph: fx.Graph) -> set[fx.Node]:
-    live: set[fx.Node] = set()
-    for n in graph.nodes:
-        if n.op == "placeholder" or any(i in live for i in n.all_input_nodes):
-            live.add(n)
-    return live
-
 
 def _static(v) -> bool:
     return isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)
@@ -117,7 +110,7 @@ def _outputs_static(node) -> bool:
 
 def _lowerable(gm: fx.GraphModule) -> bool:
     """Every op that computes from the inputs has a lowering (the others fold to constants)."""
-    live = _depends_on_input(gm.graph)
+    live = input_dependent(gm.graph)
     return all(n.op != "call_function" or n not in live or lowering_for(n.target) is not None
                for n in gm.graph.nodes)
 
@@ -202,7 +195,7 @@ def _flat_nodes(args, kwargs) -> list:
 
 def decompose_unlowered(program, max_rounds: int = 4) -> bool:
     """Decompose every input-dependent node without a lowering; True if the graph changed."""
-    live = _depends_on_input(program.gm.graph)
+    live = input_dependent(program.gm.graph)
     if not any(n.op == "call_function" and n in live and lowering_for(n.target) is None
                for n in program.gm.graph.nodes):
         return False  # the common case: every op lowers, no table needed
@@ -211,7 +204,7 @@ def decompose_unlowered(program, max_rounds: int = 4) -> bool:
     changed = False
     for _ in range(max_rounds):
         g = program.gm.graph
-        live = _depends_on_input(g)
+        live = input_dependent(g)
         round_changed = False
         for n in list(g.nodes):
             if n.op != "call_function" or n not in live or lowering_for(n.target) is not None:
