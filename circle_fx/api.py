@@ -7,13 +7,13 @@ from typing import Any, Callable, Iterable
 from .capture import capture_program, normalize_inputs
 from .emit.emitter import emit
 from .emit.writer import serialize
+from .errors import InputError
 from .model import CircleModel, ExportReport
 from .precision import check_precision
 from .passes import default_pipeline, finalize_pipeline, run_passes
 from .program import Program
 from .progress import NullProgress, print_timings, progress_for
 from .quant.config import QuantConfig, resolve_quantize
-from .errors import InputError
 
 
 def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,

@@ -131,6 +131,12 @@ def test_quant_target_errors():
         circle_fx.export(NormOnly(8), (torch.randn(2, 8),), quant_target="onert")
 
 
+def test_weight_only_quantize_of_a_statically_quantized_model_is_refused(converted):
+    qmodel, x = converted
+    with pytest.raises(InputError, match="already statically quantized"):
+        circle_fx.export(qmodel, (x,), quantize="int8-weights")
+
+
 def test_readme_pt2e_snippet_is_executed():
     """The README's PT2E example is a ``python`` block, so ``test_readme_examples_run``
     (tests/test_passes_api.py) executes it as written, asserts included."""
