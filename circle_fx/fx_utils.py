@@ -203,3 +203,13 @@ def scaled_operand(node: fx.Node) -> tuple[Any, float | None]:
     if node.target is torch.ops.aten.mul.Tensor and k is None:
         x, k = node.args[1], number(node.args[0])
     return x, k
+
+
+def keep_if_like(graph: fx.Graph, node: fx.Node, new: fx.Node, *made: fx.Node) -> fx.Node | None:
+    """``new`` if it has ``node``'s dtype and shape (a rewrite must not change either), else
+    erase ``new`` and the helper nodes ``made`` for it (users first) and return None."""
+    if dtype_of(new) == dtype_of(node) and shape_of(new) == shape_of(node):
+        return new
+    for m in (new, *made):
+        graph.erase_node(m)
+    return None

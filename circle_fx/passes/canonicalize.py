@@ -15,8 +15,8 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from ..fx_utils import (CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_float, is_noop, look_through, make_node,
-                       number, scaled_operand, shape_of)
+from ..fx_utils import (CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_float, is_noop, keep_if_like, look_through,
+                       make_node, number, scaled_operand, shape_of)
 from .base import Pass
 
 aten = torch.ops.aten
@@ -82,16 +82,11 @@ def reduction_dtype_to_cast(n, g):
     x, dims, keepdim, dtype = args[:4]
     if dtype is None or not isinstance(x, fx.Node) or not is_float(x) or not is_float(n):
         return None  # integer sums promote to int64 on their own: not a plain cast there
-    cast = None
+    made = []
     if dtype != dtype_of(x):
-        x = cast = make_node(g, aten._to_copy.default, (x,), {"dtype": dtype}, like=n)
-    new = make_node(g, n.target, (x, dims, keepdim), like=n)
-    if dtype_of(new) != dtype_of(n) or shape_of(new) != shape_of(n):
-        g.erase_node(new)
-        if cast is not None:
-            g.erase_node(cast)
-        return None
-    return new
+        x = make_node(g, aten._to_copy.default, (x,), {"dtype": dtype}, like=n)
+        made.append(x)
+    return keep_if_like(g, n, make_node(g, n.target, (x, dims, keepdim), like=n), *made)
 
 
 def sum_to_mean(n, g):

@@ -24,19 +24,12 @@ import math
 import torch
 import torch.fx as fx
 
-from ..fx_utils import arguments, dtype_of, is_float, look_through, make_node, number, scaled_operand, shape_of
+from ..fx_utils import (arguments, dtype_of, is_float, keep_if_like, look_through, make_node, number,
+                       scaled_operand, shape_of)
 
 aten = torch.ops.aten
 _REDUCTIONS = (aten.mean.dim, aten.sum.dim_IntList)
 _RESHAPES = (aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-
-
-def _replace_checked(g, n, new):
-    """``new`` if it has ``n``'s shape and dtype, else erase it and return None."""
-    if dtype_of(new) == dtype_of(n) and shape_of(new) == shape_of(n):
-        return new
-    g.erase_node(new)
-    return None
 
 
 def readd_reduced_dim(n, g):
@@ -55,7 +48,7 @@ def readd_reduced_dim(n, g):
     kept = [1 if (d in {k % rank for k in dims}) else s for d, s in enumerate(shape)]
     if list(shape_of(n)) != kept:
         return None
-    return _replace_checked(g, n, make_node(g, r.target, (x, list(dims), True), like=n))
+    return keep_if_like(g, n, make_node(g, r.target, (x, list(dims), True), like=n))
 
 
 def vector_norm_to_sqrt_sum(n, g):
@@ -71,12 +64,7 @@ def vector_norm_to_sqrt_sum(n, g):
     dims = list(range(len(shape))) if dims is None else list(dims)
     sq = make_node(g, aten.pow.Tensor_Scalar, (x, 2), like=n)
     s = make_node(g, aten.sum.dim_IntList, (sq, dims, bool(keepdim)), like=n)
-    new = make_node(g, aten.sqrt.default, (s,), like=n)
-    if dtype_of(new) != dtype_of(n) or shape_of(new) != shape_of(n):
-        for m in (new, s, sq):
-            g.erase_node(m)
-        return None
-    return new
+    return keep_if_like(g, n, make_node(g, aten.sqrt.default, (s,), like=n), s, sq)
 
 
 def scaled_root_sum_to_root_mean(n, g):
@@ -101,7 +89,7 @@ def scaled_root_sum_to_root_mean(n, g):
     if not math.isclose(factor * factor * math.prod(reduced), 1.0, rel_tol=1e-6):
         return None
     mean = make_node(g, aten.mean.dim, (x, list(dims), bool(keepdim)), like=n)
-    return _replace_checked(g, n, make_node(g, aten.sqrt.default, (mean,), like=n))
+    return keep_if_like(g, n, make_node(g, aten.sqrt.default, (mean,), like=n))
 
 
 def _sum_of_squares(v) -> bool:
@@ -141,8 +129,8 @@ def zero_epsilon(n, g):
         return None
     scale = make_node(g, aten.rsqrt.default, (make_node(g, aten.add.Tensor, (v, 0.0), like=n),), like=n)
     if n.target is aten.rsqrt.default:
-        return _replace_checked(g, n, scale)
-    return _replace_checked(g, n, make_node(g, aten.mul.Tensor, (n.args[0], scale), like=n))
+        return keep_if_like(g, n, scale)
+    return keep_if_like(g, n, make_node(g, aten.mul.Tensor, (n.args[0], scale), like=n))
 
 
 RULES = [readd_reduced_dim, vector_norm_to_sqrt_sum, scaled_root_sum_to_root_mean, square_of_root, zero_epsilon]
