@@ -41,21 +41,53 @@ TINY = dict(
     sliding_window=4, attention_chunk_size=4,
     # GPT-2-style spellings of the same sizes (most configs map them via attribute_map)
     n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=128, d_model=64, ffn_dim=128,
+    ffn_hidden_size=128,
+    # the decoder (and encoder) sizes of BART-style configs, which map only the encoder's
+    decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=128,
+    encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
+    # partial rotary (GPT-J / CodeGen rotate the first `rotary_dim` dims of each head)
+    rotary_dim=8,
     # recurrent / state-space blocks
     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
     mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, state_size=8, time_step_rank=8,
     # misc. size knobs that otherwise make "tiny" models large
-    intermediate_size_mlp=128, block_multiple_of=16,
+    intermediate_size_mlp=128, block_multiple_of=16, hc_lowrank=16,
+    vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
     # Python loops over huge default lists / dims
     layer_scan_block=1,
 )
 
 
-#: the few families whose default config hides a layer kind the tiny model must exercise
-#: (applied after the generic sizes; each says what it switches on)
+#: the few config classes (by ``model_type``, else class name) that need more than the generic shrinking:
+#: a default config that hides a layer kind the tiny model must exercise, or values the
+#: family's checkpoints always set but its defaults leave unusable (applied after the generic
+#: sizes, never reverted; each says why)
 OVERRIDES = {
     "lfm2": dict(layer_types=["conv", "full_attention"]),  # default: all attention, no short conv
     "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+    # `attention_layers` is expanded from this (pattern, repeats) list: one global + one local layer
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+    # the attention always builds the QSA indexer, but its sizes default to None
+    "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=4,
+                           indexer_compress_ratio=2),
+    # rotary parameters are looked up per layer type (default: none); multimodal RoPE sections
+    # must add up to half the (tiny) head dim
+    "cohere_compass_text": dict(rope_parameters={"full_attention": {
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}),
+    # the attention reads attn_config.rope_theta (absent from the class, set by DBRX checkpoints)
+    # and clamps q/k/v with clip_qkv (default None: torch.clamp refuses; checkpoints use 8)
+    "DbrxAttentionConfig": dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+    # the last `num_kv_shared_layers` layers reuse the cache of the last earlier layer of their
+    # kind: two layers of each kind, the second pair shared. The first layers of the checkpoints
+    # use top-k activation sparsity (0.95; derived only for > 10 layers): the first pair too
+    "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+                         activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0]),
+    # the LM head asserts a decoder; axial position embeddings must add up to the hidden size
+    # and cover the sequence
+    "reformer": dict(is_decoder=True, axial_pos_embds_dim=(32, 32), axial_pos_shape=(4, 2),
+                     attention_head_size=16),
+    # the adapters are chosen per language; without a default the forward refuses to run
+    "xmod": dict(default_language="en_XX"),
 }
 
 
@@ -94,11 +126,40 @@ def _layer_types(default) -> list | None:
     return distinct
 
 
-def tiny_config(model_type: str):
-    """The family's default config with the :data:`TINY` sizes it knows about."""
+def tiny_config(model_type: str, model_class: str | None = None):
+    """The family's default config with the :data:`TINY` sizes it knows about.
+
+    With ``model_class``, the config is the one that class is built from (see
+    :func:`config_class_for`): Llama4's ``Llama4ForCausalLM`` takes the text part of
+    ``Llama4Config``, as ``AutoModelForCausalLM.from_config`` does."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    cls = CONFIG_MAPPING[model_type]
+    cls = config_class_for(CONFIG_MAPPING[model_type], model_class)
+    config = _tiny(cls)
+    config.use_cache = False
+    return config
+
+
+def config_class_for(cls, model_class: str | None):
+    """The config class ``model_class`` is built from. A composite config (text + vision /
+    audio / codec parts) whose causal-LM class takes one of its parts gives that part's class:
+    transformers' auto classes do this for ``text_config``; MusicGen's decoder is the same case
+    under another key. Otherwise the family's own config class."""
+    import transformers
+
+    wanted = getattr(getattr(transformers, model_class, None), "config_class", None) if model_class else None
+    if wanted is None or wanted is cls:
+        return cls
+    for sub in getattr(cls, "sub_configs", {}).values():
+        if sub is wanted:
+            return sub
+    return cls
+
+
+def _tiny(cls):
+    """``cls``'s defaults, shrunk: :data:`TINY` sizes, one layer per layer kind, every
+    per-layer list cut to the kept layers, sub-configs (a composite's ``text_config``, DBRX's
+    ``attn_config``/``ffn_config``) shrunk the same way, then the family's :data:`OVERRIDES`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         default = cls()
@@ -111,19 +172,87 @@ def tiny_config(model_type: str):
         if types is not None:
             kwargs["layer_types"] = types
             kwargs["num_hidden_layers"] = len(types)
-        for k, v in OVERRIDES.get(model_type, {}).items():
+        overrides = OVERRIDES.get(cls.model_type or cls.__name__, {})  # sub-configs may lack a model_type
+        for k, v in overrides.items():
             kwargs[k] = v
             if k == "layer_types":
                 kwargs["num_hidden_layers"] = len(v)
-        config = cls(**kwargs)
-    if getattr(config, "text_config", None) is not None and not _has_attr(default, "hidden_size"):
-        raise SkipFamily(f"{cls.__name__} is a composite config (text + other modalities)")
-    config.use_cache = False
-    return config
+        kwargs.update({k: v for k, v in _per_layer_lists(default, kwargs).items() if k not in overrides})
+        kwargs.update({k: v for k, v in _tiny_sub_configs(default).items() if k not in overrides})
+        return _construct(cls, kwargs, keep=set(overrides))
 
 
 def _has_attr(config, name: str) -> bool:
     return name in getattr(config, "attribute_map", {}) or name in vars(config)
+
+
+def _per_layer_lists(default, kwargs: dict) -> dict:
+    """List / tuple fields of ``default`` with one entry per layer (as long as its layer count)
+    whose class default is a literal list (Reformer's ``attn_layers``), cut to the tiny layers:
+    the entries of the layers kept by ``layer_types`` (the first layer of each kind), else of
+    the first layers. Lists the config derives from other fields (``None`` default, filled in
+    ``__post_init__``: ``mlp_layer_types`` from ``first_k_dense_replace``...) are left to that
+    derivation, so they follow the tiny sizes."""
+    import dataclasses
+
+    n_default = getattr(default, "num_hidden_layers", None)
+    n = kwargs.get("num_hidden_layers")
+    if not isinstance(n_default, int) or not isinstance(n, int) or n_default <= max(n, 2):
+        return {}
+    fields = getattr(type(default), "__dataclass_fields__", {})
+    literal = {name for name, f in fields.items()
+               if isinstance(f.default, (list, tuple)) or f.default_factory is not dataclasses.MISSING}
+    keep = _kept_layers(getattr(default, "layer_types", None), kwargs.get("layer_types"), n)
+    return {name: type(value)(value[i] for i in keep) for name, value in vars(default).items()
+            if name in literal and name not in kwargs and name != "layer_types"
+            and isinstance(value, (list, tuple)) and len(value) == n_default}
+
+
+def _kept_layers(default_types, tiny_types, n: int) -> list[int]:
+    """Indices (into the default layers) of the ``n`` tiny layers: each tiny layer kind matched,
+    in order, to the next default layer of that kind; the first ``n`` layers otherwise."""
+    if not isinstance(default_types, (list, tuple)) or not isinstance(tiny_types, (list, tuple)):
+        return list(range(n))
+    keep, start = [], 0
+    for kind in tiny_types:
+        i = next((j for j in range(start, len(default_types)) if default_types[j] == kind), None)
+        if i is None:
+            return list(range(n))
+        keep.append(i)
+        start = i + 1
+    return keep
+
+
+def _tiny_sub_configs(default) -> dict:
+    """The nested configs of ``default`` (``sub_configs``: a composite's ``text_config``, DBRX's
+    ``attn_config``...), each shrunk by :func:`_tiny`."""
+    from transformers import PreTrainedConfig
+
+    out = {}
+    for key in getattr(default, "sub_configs", {}):
+        sub = getattr(default, key, None)
+        if isinstance(sub, PreTrainedConfig):
+            out[key] = _tiny(type(sub))
+    return out
+
+
+def _construct(cls, kwargs: dict, keep: set):
+    """``cls(**kwargs)``; when the family's validator rejects tiny values it names (ZAYA:
+    "supports `num_experts_per_tok=1` only"), those revert to the family's defaults. Values in
+    ``keep`` (the family's overrides) never revert."""
+    import re
+
+    from huggingface_hub.errors import StrictDataclassError
+
+    while True:
+        try:
+            return cls(**kwargs)
+        except (ValueError, StrictDataclassError) as e:
+            named = [k for k in kwargs if k in TINY and k not in keep and re.search(rf"\b{k}\b", str(e))]
+            if not named:
+                raise
+            for k in named:
+                kwargs.pop(k)
 
 
 class SkipFamily(Exception):
@@ -143,7 +272,7 @@ def build(model_type: str, model_class: str) -> torch.nn.Module:
     wrongly applied norm weight must change the output)."""
     import transformers
 
-    config = tiny_config(model_type)
+    config = tiny_config(model_type, model_class)
     cls = getattr(transformers, model_class)
     params = inspect.signature(cls.forward).parameters
     if "input_ids" not in params:
@@ -161,8 +290,11 @@ def build(model_type: str, model_class: str) -> torch.nn.Module:
     return model
 
 
-def example_inputs() -> tuple[torch.Tensor]:
-    return (torch.randint(3, VOCAB, (1, SEQ_LEN), generator=torch.Generator().manual_seed(SEED)),)
+def example_inputs(model=None) -> tuple[torch.Tensor]:
+    """``input_ids`` of one sequence; models over several parallel token streams (MusicGen's
+    codebooks: ``input_ids`` of shape ``(batch * num_codebooks, seq)``) get one row per stream."""
+    rows = getattr(getattr(model, "config", None), "num_codebooks", None) or 1
+    return (torch.randint(3, VOCAB, (rows, SEQ_LEN), generator=torch.Generator().manual_seed(SEED)),)
 
 
 def example_kwargs(model) -> dict:

@@ -50,7 +50,7 @@ def check(fam: hf.HfFamily) -> dict:
     except Exception as e:
         return {**row, "status": "skipped", "reason": f"tiny config does not build: {type(e).__name__}: "
                                                       f"{_first_line(e)}"}
-    ids = hf.example_inputs()
+    ids = hf.example_inputs(model)
     try:
         ref, norms = hf.eager_with_norm_calls(model, ids)
     except Exception as e:

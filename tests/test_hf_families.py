@@ -61,7 +61,7 @@ def test_table_covers_every_enumerated_family():
 def test_family_exports_fuses_and_matches_eager(row):
     torch.set_num_threads(1)
     model = hf.build(row["family"], row["class"])
-    ids = hf.example_inputs()
+    ids = hf.example_inputs(model)
     ref, executed = hf.eager_with_norm_calls(model, ids)
     cm = circle_fx.export(model, ids, example_kwargs=hf.example_kwargs(model), verbose=False)
     assert cm.op_histogram()["RMS_NORM"] == executed, cm.summary()
