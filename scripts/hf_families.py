@@ -51,7 +51,7 @@ TINY = dict(
     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
     mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, state_size=8, time_step_rank=8,
     # misc. size knobs that otherwise make "tiny" models large
-    intermediate_size_mlp=128, block_multiple_of=16, hc_lowrank=16,
+    intermediate_size_mlp=128, block_multiple_of=16, hc_lowrank=16, hidden_size_global=64,
     vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
     # Python loops over huge default lists / dims
     layer_scan_block=1,

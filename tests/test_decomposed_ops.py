@@ -29,6 +29,7 @@ def _randn(*shape, seed=0):
 
 W = _randn(4, 4, 3, seed=3)          # conv1d weight [C_out, C_in, K]
 DW = _randn(8, 1, 3, seed=4)         # depthwise conv1d weight [C, 1, K]
+GW = _randn(12, 2, 2, seed=6)        # grouped conv1d weight [C_out, C_in / groups, K] (6 groups)
 FREQS = torch.polar(torch.ones(6, 4), _randn(6, 4, seed=5))   # complex rotary table [S, D/2]
 
 
@@ -70,6 +71,9 @@ CASES = {
     "view_as_complex_rope": (_complex_rope, [(1, 6, 2, 8)]),
     "conv1d_depthwise_causal": (lambda x: F.conv1d(x, DW, padding=2, groups=8)[..., :6], [(1, 8, 6)]),
     "conv1d_dense_bias": (lambda x: F.conv1d(x, W, bias=torch.ones(4), padding=1), [(2, 4, 7)]),
+    "conv1d_grouped_per_head": (lambda x: F.conv1d(x, GW, groups=6), [(1, 12, 7)]),           # ZAYA's q/k conv
+    "conv1d_grouped_strided": (lambda x: F.conv1d(x, GW, bias=torch.ones(12), stride=2, padding=1, groups=6),
+                               [(2, 12, 7)]),
     "mla_new_empty_copy": (_mla_like, [(2, 5, 8)]),
     "slice_scatter": (lambda x, y: torch.slice_scatter(x, y * 3, dim=1, start=1, end=3), [(2, 4, 3), (2, 2, 3)]),
     "xielu_min_expm1": (_xielu, [(3, 16)]),

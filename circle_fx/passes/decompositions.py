@@ -119,15 +119,17 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
 
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """1-D convolution (``conv1d``: LFM2's short causal conv, Mamba-style blocks) as a sum
-    over the kernel taps of shifted slices: depthwise (``groups == channels``) taps are a
-    per-channel MUL, ``groups == 1`` taps a matmul. Kernels are a handful of taps, so
-    this is K small ops; 2-D and other group counts are left to a future CONV_2D lowering."""
+    """1-D convolution (``conv1d``: LFM2's short causal conv, Mamba-style blocks, ZAYA's
+    per-head q/k conv) as a sum over the kernel taps of shifted slices: depthwise
+    (``groups == channels``) taps are a per-channel MUL, ``groups == 1`` taps a matmul, other
+    group counts one batched matmul per tap over the groups. Kernels are a handful of taps, so
+    this is K small ops; 2-D is left to a future CONV_2D lowering."""
     if transposed or x.dim() != 3 or len(stride) != 1:
         return NotImplemented
     c_in, c_out, k = x.shape[1], weight.shape[0], weight.shape[2]
-    if groups not in (1, c_in) or (groups == c_in and c_out != c_in):
+    if c_in % groups or c_out % groups:
         return NotImplemented
+    depthwise = groups == c_in and c_out == c_in
     s, p, d = stride[0], padding[0], dilation[0]
     if p:
         x = torch.nn.functional.pad(x, (p, p))
@@ -138,12 +140,24 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         xs = xt[:, tap * d: tap * d + s * (length - 1) + 1: s]                    # [B, L_out, C_in]
         if groups == 1:
             term = torch.nn.functional.linear(xs, weight[:, :, tap])               # FULLY_CONNECTED
-        else:
+        elif depthwise:
             term = xs * weight[:, 0, tap]
+        else:
+            term = _grouped_tap(xs, weight[:, :, tap], groups)
         out = term if out is None else out + term
     if bias is not None:
         out = out + bias
     return out.transpose(1, 2)
+
+
+def _grouped_tap(xs, w, groups):
+    """One tap of a grouped convolution: ``xs`` [B, L, G*Ci] times the tap's weight
+    [G*Co, Ci], group by group, as one BATCH_MATMUL [B, G, L, Ci] x [G, Ci, Co]."""
+    b, n, c_in = xs.shape
+    co = w.shape[0] // groups
+    xg = xs.reshape(b, n, groups, c_in // groups).transpose(1, 2)                # [B, G, L, Ci]
+    wg = w.reshape(groups, co, c_in // groups).transpose(1, 2)                   # [G, Ci, Co]
+    return torch.matmul(xg, wg).transpose(1, 2).reshape(b, n, groups * co)      # [B, L, G*Co]
 
 
 def repeat(x, repeats):
