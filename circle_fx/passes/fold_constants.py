@@ -6,14 +6,9 @@ cos/sin tables and the whole causal-mask construction (``cumsum``, ``diff``, ``i
 into a plain weight so the RMSNorm fusion sees an ordinary constant.
 
 One forward sweep, O(nodes). Results that are much larger than their inputs (a broadcast
-of a small constant into a huge one) are left unfolded so weights do not bloat. Ops with
-several results (``broadcast_tensors`` of ``torch.distributions.Normal(0, 1)`` in Gemma3n's
-activation sparsity, ``split`` of a constant) fold when only ``getitem`` reads them: each
-item read becomes its own constant.
+of a small constant into a huge one) are left unfolded so weights do not bloat.
 """
 from __future__ import annotations
-
-import operator
 
 import torch
 import torch.fx as fx
@@ -36,12 +31,7 @@ def _is_foldable(n: fx.Node) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is not None and (schema.is_mutable or any(a.alias_info and a.alias_info.is_write for a in schema.arguments)):
         return False
-    v = n.meta.get("val")
-    if isinstance(v, (tuple, list)):
-        if not v or not all(isinstance(x, torch.Tensor) for x in v) or not n.users or \
-                any(u.target is not operator.getitem for u in n.users):
-            return False
-    elif not isinstance(v, torch.Tensor):
+    if not isinstance(n.meta.get("val"), torch.Tensor):
         return False
     inputs = n.all_input_nodes
     return all(i.op == "get_attr" for i in inputs)
@@ -55,46 +45,31 @@ class FoldConstants(Pass):
         g = gm.graph
         changed = False
         for n in list(g.nodes):
-            if getattr(n, "_erased", False) or not _is_foldable(n):
+            if not _is_foldable(n):
                 continue
             args = map_arg(n.args, lambda a: fetch_attr(gm, a.target))
             kwargs = map_arg(n.kwargs, lambda a: fetch_attr(gm, a.target))
             biggest = max((fetch_attr(gm, a.target).numel() for a in n.all_input_nodes), default=0)
-            vals = n.meta["val"] if isinstance(n.meta["val"], (tuple, list)) else [n.meta["val"]]
-            if sum(v.numel() for v in vals) > max(_GROWTH_LIMIT, biggest):
+            if n.meta["val"].numel() > max(_GROWTH_LIMIT, biggest):
                 continue
             try:
                 with torch.no_grad():
                     result = n.target(*args, **kwargs)
             except Exception:
                 continue  # leave it to the emitter, which reports unsupported ops properly
-            if isinstance(result, torch.Tensor):
-                _replace(gm, n, _constant(gm, n, result, args))
-            elif isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
-                for user in list(n.users):  # every user is a getitem (checked by _is_foldable)
-                    _replace(gm, user, _constant(gm, user, result[user.args[1]], args))
-                g.erase_node(n)
-            else:
+            if not isinstance(result, torch.Tensor):
                 continue
+            if result._base is not None or any(result.data_ptr() == a.data_ptr() for a in _tensors(args)):
+                result = result.clone()  # never alias model weights
+            name = add_constant(gm, result.contiguous(), n.name)
+            with g.inserting_before(n):
+                c = g.get_attr(name)
+            c.meta.update(n.meta)
+            c.meta["val"] = result
+            n.replace_all_uses_with(c)
+            g.erase_node(n)
             changed = True
         return changed
-
-
-def _constant(gm, n: fx.Node, result: torch.Tensor, args) -> fx.Node:
-    """A ``get_attr`` holding ``result`` (never aliasing a model weight), with ``n``'s meta."""
-    if result._base is not None or any(result.data_ptr() == a.data_ptr() for a in _tensors(args)):
-        result = result.clone()  # never alias model weights
-    name = add_constant(gm, result.contiguous(), n.name)
-    with gm.graph.inserting_before(n):
-        c = gm.graph.get_attr(name)
-    c.meta.update(n.meta)
-    c.meta["val"] = result
-    return c
-
-
-def _replace(gm, n: fx.Node, c: fx.Node) -> None:
-    n.replace_all_uses_with(c)
-    gm.graph.erase_node(n)
 
 
 def _tensors(args):
