@@ -5,11 +5,21 @@ The list is not hand-picked: it is ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (model 
 defaults, with the usual size attributes (those the default config has, directly or via its
 ``attribute_map``) overridden to tiny values, so a model builds and runs in a second.
 Families with several layer kinds (``layer_types``: sliding/full attention, conv/attention,
-linear attention...) keep one layer of each kind, so every kind is exercised.
+linear attention...) keep one layer of each kind, so every kind is exercised; per-layer lists
+with literal defaults (Reformer's ``attn_layers``) are cut to the kept layers, and lists the
+config derives in ``__post_init__`` are left to that derivation.
+
+A composite config (text + vision / audio parts) whose causal-LM class takes its text part
+builds that part, as ``AutoModelForCausalLM.from_config`` does (``llama4`` ->
+``Llama4TextConfig``); a class that takes the composite gets every sub-config shrunk
+(Fuyu's ``text_config``, DBRX's ``attn_config`` / ``ffn_config``). When a family's validator
+rejects a tiny value it names, that value reverts to the family's default; the few families
+whose defaults cannot run at all get a documented entry in :data:`OVERRIDES`.
 
 A family is *skipped* (with the reason) when its class is not a plain text decoder:
-encoder-decoder / multimodal wrappers (``...ForConditionalGeneration``), models that need
-inputs other than ``input_ids``, or classes missing from this transformers build.
+encoder-decoder / multimodal wrappers (``...ForConditionalGeneration``; the reason names
+the row of their text decoder), speculative-decoding drafters, models that need inputs
+other than ``input_ids``, or classes missing from this transformers build.
 
 Used by ``scripts/model_support.py`` (the table in docs/model-support.md) and by the slow
 test ``tests/test_hf_families.py``.
@@ -91,6 +101,18 @@ OVERRIDES = {
 }
 
 
+#: causal-LM classes whose forward is not a text decoder over ``input_ids`` (why, as measured
+#: on transformers' source); listed, not run
+NOT_A_TEXT_DECODER = {
+    "Gemma4AssistantForCausalLM": "speculative-decoding drafter: forward ignores input_ids and requires "
+                                  "inputs_embeds + shared_kv_states (the target Gemma 4 model's hidden states "
+                                  "and per-layer-type KV cache)",
+    "Gemma4UnifiedAssistantForCausalLM": "speculative-decoding drafter: forward ignores input_ids and requires "
+                                         "inputs_embeds + shared_kv_states (the target Gemma 4 model's hidden "
+                                         "states and per-layer-type KV cache)",
+}
+
+
 @dataclass(frozen=True)
 class HfFamily:
     model_type: str
@@ -111,8 +133,32 @@ def enumerate_families() -> list[HfFamily]:
             skip = f"{cls_name} is not importable from this transformers build"
         elif "ConditionalGeneration" in cls_name:
             skip = f"{cls_name} is a multimodal / encoder-decoder wrapper (needs non-text inputs)"
+            text = _text_family(model_type, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+            if text:
+                skip += f"; its text decoder is the `{text}` row"
+        elif cls_name in NOT_A_TEXT_DECODER:
+            skip = f"{cls_name} is a {NOT_A_TEXT_DECODER[cls_name]}"
         out.append(HfFamily(model_type, cls_name, skip))
     return out
+
+
+def _text_family(model_type: str, mapping) -> str | None:
+    """The causal-LM family of a multimodal config's text part (``gemma3`` -> ``gemma3_text``),
+    when the mapping has it as a row of its own."""
+    import warnings
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    text_type = getattr(cls.sub_configs.get("text_config"), "model_type", "") if hasattr(cls, "sub_configs") else ""
+    if not text_type:  # an AutoConfig slot: the default config says which family fills it
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                text_type = getattr(getattr(cls(), "text_config", None), "model_type", "")
+        except Exception:
+            return None
+    return text_type if text_type in mapping and text_type != model_type else None
 
 
 def _layer_types(default) -> list | None:
