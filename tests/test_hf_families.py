@@ -71,3 +71,33 @@ def test_family_exports_fuses_and_matches_eager(row):
     np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL,
                                err_msg=f"{row['family']}: max abs diff {np.abs(out - expected).max():.3g}")
     assert float(expected.std()) > 100 * ATOL  # the comparison can fail: outputs are not constant
+
+
+def test_composite_config_builds_the_part_its_causal_lm_takes():
+    """``llama4`` maps to Llama4ForCausalLM, which takes ``Llama4Config.text_config`` (as
+    AutoModelForCausalLM.from_config does); MusicGen's causal LM takes the ``decoder`` part."""
+    assert type(hf.tiny_config("llama4", "Llama4ForCausalLM")).__name__ == "Llama4TextConfig"
+    assert type(hf.tiny_config("musicgen", "MusicgenForCausalLM")).__name__ == "MusicgenDecoderConfig"
+    fuyu = hf.tiny_config("fuyu", "FuyuForCausalLM")  # takes the composite: its text part is shrunk
+    assert fuyu.text_config.hidden_size == hf.TINY["hidden_size"]
+
+
+def test_tiny_value_a_validator_names_reverts_to_the_default():
+    """ZAYA's validator accepts only num_experts_per_tok=1: the tiny 2 reverts, the rest stays tiny."""
+    config = hf.tiny_config("zaya", "ZayaForCausalLM")
+    assert config.num_experts_per_tok == 1 and config.hidden_size == hf.TINY["hidden_size"]
+
+
+def test_literal_per_layer_lists_follow_the_tiny_layer_count():
+    """Reformer's ``attn_layers`` (a literal 6-entry default) is cut to the kept layers; lists
+    the config derives itself (DeepSeek-V3.2's ``mlp_layer_types``) keep their derivation."""
+    reformer = hf.tiny_config("reformer", "ReformerModelWithLMHead")
+    assert list(reformer.attn_layers) == ["local", "lsh"]
+    dsv32 = hf.tiny_config("deepseek_v32", "DeepseekV32ForCausalLM")
+    assert dsv32.mlp_layer_types == ["dense", "sparse"]  # first_k_dense_replace=1 of 2 layers
+
+
+def test_multimodal_wrapper_names_the_row_of_its_text_decoder():
+    fams = {f.model_type: f for f in hf.enumerate_families()}
+    assert "`gemma3_text` row" in fams["gemma3"].skip
+    assert all(fams[f].skip is None for f in ("llama4", "mllama", "emu3", "fuyu", "dots3_note"))
