@@ -145,8 +145,6 @@ def enumerate_families() -> list[HfFamily]:
 def _text_family(model_type: str, mapping) -> str | None:
     """The causal-LM family of a multimodal config's text part (``gemma3`` -> ``gemma3_text``),
     when the mapping has it as a row of its own."""
-    import warnings
-
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
@@ -203,8 +201,8 @@ def config_class_for(cls, model_class: str | None):
 
 
 def _tiny(cls):
-    """``cls``'s defaults, shrunk: :data:`TINY` sizes, one layer per layer kind, every
-    per-layer list cut to the kept layers, sub-configs (a composite's ``text_config``, DBRX's
+    """``cls``'s defaults, shrunk: :data:`TINY` sizes, one layer per layer kind, literal
+    per-layer lists cut to the kept layers, sub-configs (a composite's ``text_config``, DBRX's
     ``attn_config``/``ffn_config``) shrunk the same way, then the family's :data:`OVERRIDES`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
