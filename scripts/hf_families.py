@@ -59,7 +59,9 @@ TINY = dict(
     rotary_dim=8,
     # recurrent / state-space blocks
     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-    mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, state_size=8, time_step_rank=8,
+    mamba_d_state=8, mamba_n_heads=4, state_size=8, time_step_rank=8, mamba_dt_rank=8,
+    # Mamba-2 heads: n_heads * d_head must equal the inner size (expand 2 x hidden, or d_ssm)
+    mamba_d_head=32, mamba_d_ssm=128, lru_width=64,
     # misc. size knobs that otherwise make "tiny" models large
     intermediate_size_mlp=128, block_multiple_of=16, hc_lowrank=16, hidden_size_global=64,
     vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
@@ -98,6 +100,11 @@ OVERRIDES = {
                      attention_head_size=16),
     # the adapters are chosen per language; without a default the forward refuses to run
     "xmod": dict(default_language="en_XX"),
+    "bamba": dict(attn_layer_indices=[1]),  # default: all Mamba-2 layers, no attention
+    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),  # default: all Mamba-2 layers
+    "mamba2": dict(num_heads=8),  # expand 2 x hidden 64 / head_dim 16 (default 128 heads)
+    # the hybrid layers share one transformer block (tied weights): two of them, so the tie exists
+    "zamba": dict(layer_types=["linear_attention", "hybrid", "hybrid"]),
 }
 
 
@@ -212,18 +219,41 @@ def _tiny(cls):
             kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary dims are the "head_dim"
         if "kv_lora_rank" in kwargs and "num_key_value_heads" in kwargs:
             kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA expands k/v per head
+        # the real field (an attribute_map alias set at init comes after __post_init__ derived
+        # things from it: Zamba2's hybrid_layer_ids)
+        types_field = getattr(cls, "attribute_map", {}).get("layer_types", "layer_types")
         types = _layer_types(default)
-        if types is not None:
-            kwargs["layer_types"] = types
+        if types is not None and _settable(cls, "layer_types"):
+            kwargs[types_field] = types
             kwargs["num_hidden_layers"] = len(types)
+        elif types is not None:  # derived from a period / pattern / index list: keep the family's
+            kwargs["num_hidden_layers"] = _covering_prefix(default.layer_types)  # own, cut short
         overrides = OVERRIDES.get(cls.model_type or cls.__name__, {})  # sub-configs may lack a model_type
         for k, v in overrides.items():
-            kwargs[k] = v
             if k == "layer_types":
+                k = types_field
                 kwargs["num_hidden_layers"] = len(v)
+            kwargs[k] = v
         kwargs.update({k: v for k, v in _per_layer_lists(default, kwargs).items() if k not in overrides})
         kwargs.update({k: v for k, v in _tiny_sub_configs(default).items() if k not in overrides})
         return _construct(cls, kwargs, keep=set(overrides))
+
+
+def _settable(cls, name: str) -> bool:
+    """Whether ``name`` (or what ``attribute_map`` maps it to) is a plain config field, not a
+    read-only property derived from others (Mamba's ``layer_types``, Bamba's ``layers_block_type``)."""
+    name = getattr(cls, "attribute_map", {}).get(name, name)
+    prop = inspect.getattr_static(cls, name, None)
+    return not isinstance(prop, property) or prop.fset is not None
+
+
+def _covering_prefix(types) -> int:
+    """The fewest leading layers (at least two) that contain every layer kind of ``types``."""
+    kinds = set(types)
+    for n in range(2, len(types) + 1):
+        if set(types[:n]) == kinds:
+            return n
+    return len(types)
 
 
 def _has_attr(config, name: str) -> bool:
