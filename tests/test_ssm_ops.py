@@ -28,3 +28,20 @@ def test_matmul_with_constant_lhs(shape):
     x = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(4))
     cm = assert_onert_matches_eager(ConstLhs(shape), (x,), **TOL)
     assert cm.op_histogram()["BATCH_MATMUL"] == 1
+
+
+class ChunkedEinsum(torch.nn.Module):
+    """Mamba-2's chunked scan: ``einsum("bclhn,bchpn->bclhp", C, states)`` where ``states``
+    is a slice of a permuted tensor (not contiguous)."""
+
+    def forward(self, c, s):
+        s = s.permute(1, 2, 0, 3, 4)[:, :-1]  # [heads, 1, chunks+1, p, n] -> [1, chunks, heads, p, n]
+        return torch.einsum("bclhn,bchpn->bclhp", c, s)
+
+
+def test_decomposition_of_a_non_contiguous_input():
+    """A decomposition traced on contiguous examples ``view``s what is, in the graph, a
+    permuted tensor: it must be traced with the inputs' own strides."""
+    gen = torch.Generator().manual_seed(5)
+    c, s = torch.randn(1, 2, 4, 8, 8, generator=gen), torch.randn(8, 1, 3, 16, 8, generator=gen)
+    assert_onert_matches_eager(ChunkedEinsum(), (c, s), **TOL)

@@ -95,7 +95,9 @@ def _trace(node: fx.Node, table: _Restricted) -> fx.GraphModule | None:
         kwargs = map_arg(node.kwargs, env.__getitem__)
         return fn(*args, **kwargs)
 
-    examples = [torch.zeros(val(i).shape, dtype=val(i).dtype) for i in inputs]
+    # the inputs' own strides: a decomposition traced on contiguous examples may ``view`` what
+    # is, in the graph, a permuted (non-contiguous) tensor (Mamba-2's chunked einsums)
+    examples = [torch.empty_strided(val(i).shape, val(i).stride(), dtype=val(i).dtype).zero_() for i in inputs]
     try:
         return make_fx(run, decomposition_table=table, tracing_mode="fake")(*examples)
     except Exception:
@@ -175,7 +177,7 @@ def _key(node: fx.Node):
     def describe(a):
         if isinstance(a, fx.Node):
             v = val(a)
-            return ("T", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("?", id(a))
+            return ("T", tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else ("?", id(a))
         return a
 
     try:
