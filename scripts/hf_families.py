@@ -62,6 +62,8 @@ TINY = dict(
     mamba_d_state=8, mamba_n_heads=4, state_size=8, time_step_rank=8, mamba_dt_rank=8,
     # Mamba-2 heads: n_heads * d_head must equal the inner size (expand 2 x hidden, or d_ssm)
     mamba_d_head=32, mamba_d_ssm=128, lru_width=64,
+    # chunked (Mamba-2 SSD) scans: two chunks of the test sequence, so the inter-chunk state runs
+    mamba_chunk_size=4,
     # misc. size knobs that otherwise make "tiny" models large
     intermediate_size_mlp=128, block_multiple_of=16, hc_lowrank=16, hidden_size_global=64,
     vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
@@ -102,7 +104,9 @@ OVERRIDES = {
     "xmod": dict(default_language="en_XX"),
     "bamba": dict(attn_layer_indices=[1]),  # default: all Mamba-2 layers, no attention
     "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),  # default: all Mamba-2 layers
-    "mamba2": dict(num_heads=8),  # expand 2 x hidden 64 / head_dim 16 (default 128 heads)
+    "mamba2": dict(num_heads=8, chunk_size=4),  # heads: expand 2 x hidden 64 / head_dim 16
+    "zamba2": dict(chunk_size=4),  # (xLSTM's chunk_size is another thing: not set generally)
+    "nemotron_h": dict(chunk_size=4),
     # the hybrid layers share one transformer block (tied weights): two of them, so the tie exists
     "zamba": dict(layer_types=["linear_attention", "hybrid", "hybrid"]),
 }
