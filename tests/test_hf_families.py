@@ -31,7 +31,9 @@ RTOL, ATOL = 1e-4, 1e-4
 TABLE = os.path.join(ROOT, "docs", "model-support.json")
 #: one family per general mechanism, in the default suite (the others are slow)
 FAST = {"glm": "stack/flatten RoPE", "llama4_text": "complex RoPE, scatter router",
-        "lfm2": "conv1d short convolution", "apertus": "xIELU (min.other, expm1)"}
+        "lfm2": "conv1d short convolution", "apertus": "xIELU (min.other, expm1)",
+        "mamba": "selective-scan loop, constant-lhs matmul",
+        "mamba2": "chunked SSD scan (cumsum, segsum, multi-chunk einsums)"}
 
 
 def _rows() -> list[dict]:
@@ -55,6 +57,20 @@ def test_table_covers_every_enumerated_family():
     recorded = {r["family"] for r in _rows()}
     current = {f.model_type for f in hf.enumerate_families()}
     assert recorded == current, (sorted(current - recorded), sorted(recorded - current))
+
+
+@pytest.mark.parametrize("family, kinds", [
+    ("jamba", {"linear_attention", "full_attention"}),  # read-only layer_types (period/offset)
+    ("recurrent_gemma", {"linear_attention", "sliding_attention"}),  # read-only (block_types pattern)
+    ("zamba2", {"linear_attention", "hybrid"}),  # layer_types is an attribute_map alias
+])
+def test_tiny_config_keeps_every_layer_kind(family, kinds):
+    """Families whose layer kinds are derived (a read-only property) or aliased still get one
+    layer of each kind, and what the config derives from them agrees (Zamba2's hybrid ids)."""
+    config = hf.tiny_config(family)
+    assert set(config.layer_types) == kinds and config.num_hidden_layers <= 5
+    if family == "zamba2":
+        assert config.hybrid_layer_ids == [config.layer_types.index("hybrid")]
 
 
 @pytest.mark.parametrize("row", _params())
