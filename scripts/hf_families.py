@@ -105,8 +105,8 @@ OVERRIDES = {
     "bamba": dict(attn_layer_indices=[1]),  # default: all Mamba-2 layers, no attention
     "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),  # default: all Mamba-2 layers
     "mamba2": dict(num_heads=8, chunk_size=4),  # heads: expand 2 x hidden 64 / head_dim 16
-    "zamba2": dict(chunk_size=4),  # (xLSTM's chunk_size is another thing: not set generally)
-    "nemotron_h": dict(chunk_size=4),
+    # chunked scans (default chunk >= the test sequence): two chunks, so the state between them runs
+    "zamba2": dict(chunk_size=4), "nemotron_h": dict(chunk_size=4), "xlstm": dict(chunk_size=4),
     # the hybrid layers share one transformer block (tied weights): two of them, so the tie exists
     "zamba": dict(layer_types=["linear_attention", "hybrid", "hybrid"]),
 }

@@ -2,14 +2,19 @@
 produce in their slow (pure torch) paths, each checked in onert against eager.
 
 - ``weight @ x`` with a constant lhs (Mamba's ``dt_proj.weight @ time_step``): onert 0.1.0
-  refuses a constant BATCH_MATMUL lhs, so it is computed as ``(x^T @ weight^T)^T``.
+  refuses a constant BATCH_MATMUL lhs, so it is computed as ``(x^T @ weight^T)^T``;
+- decompositions (einsum -> bmm) of permuted, sliced inputs (Mamba-2's multi-chunk scan);
+- 5-D products and reductions (xLSTM's chunked ``[b, heads, chunks, l, l]``): onert takes
+  rank <= 4, so batch dims are flattened / neighbouring dims merged first.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from onert_eager import assert_onert_matches_eager
+import circle_fx
+from circle_fx.errors import UnsupportedOpError
+from onert_eager import Fn, assert_onert_matches_eager
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -45,3 +50,31 @@ def test_decomposition_of_a_non_contiguous_input():
     gen = torch.Generator().manual_seed(5)
     c, s = torch.randn(1, 2, 4, 8, 8, generator=gen), torch.randn(8, 1, 3, 16, 8, generator=gen)
     assert_onert_matches_eager(ChunkedEinsum(), (c, s), **TOL)
+
+
+X5 = torch.randn(1, 3, 2, 4, 4, generator=torch.Generator().manual_seed(6))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.amax(-1),
+    lambda x: x.sum(-1, keepdim=True),
+    lambda x: x.mean((1, 2)),
+    lambda x: x.sum((3, 4)),
+], ids=["amax_last", "sum_keepdim", "mean_middle", "sum_last_two"])
+def test_reduction_of_a_5d_tensor(fn):
+    """xLSTM's chunked [b, heads, chunks, l, l] reductions: onert reduces rank <= 4 only
+    ("ShapeValidator failed at line 304"), so neighbouring dims are merged first."""
+    assert_onert_matches_eager(Fn(fn), (X5,), **TOL)
+
+
+def test_reduction_axes_that_do_not_merge_are_a_clear_error():
+    with pytest.raises(UnsupportedOpError, match="at most 4-D"):
+        circle_fx.export(Fn(lambda x: x.sum((0, 2, 4))), (X5,))
+
+
+@pytest.mark.parametrize("other", [(1, 3, 2, 4, 5), (4, 5)], ids=["5d", "broadcast_2d"])
+def test_matmul_of_rank_5(other):
+    """onert's BATCH_MATMUL takes rank 2..4: the batch dims are broadcast and flattened."""
+    y = torch.randn(*other, generator=torch.Generator().manual_seed(7))
+    cm = assert_onert_matches_eager(Fn(lambda x, y: x @ y), (X5, y), **TOL)
+    assert cm.op_histogram()["BATCH_MATMUL"] == 1

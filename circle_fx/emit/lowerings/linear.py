@@ -125,7 +125,41 @@ def matmul(ctx, node):
     if const_a is not None and ctx.constant(b) is None:
         _matmul_constant_lhs(ctx, node, const_a, b)
         return
+    if ctx.rank(node) > 4:
+        _matmul_flat_batch(ctx, node, a, b)
+        return
     ctx.op(BO.BATCH_MATMUL, [ctx.tensor(a), ctx.tensor(b)], [ctx.output(node)], options("BatchMatMulOptions"))
+
+
+def _matmul_flat_batch(ctx, node, a, b):
+    """A 5-D (or more) product (xLSTM's / SSD's chunked ``[b, heads, chunks, l, d]``): onert's
+    BATCH_MATMUL takes rank 2..4 ("ShapeValidator failed at line 66"), so each operand is
+    broadcast to the output's batch dims and flattened to ``[batch, m, k]``, and the
+    ``[batch, m, n]`` product reshaped back."""
+    out_dims = ctx.dims(node)
+    batch = out_dims[:-2]
+    if -1 in batch:
+        raise ctx.error(f"matmul of rank {len(out_dims)} with a dynamic batch dim {out_dims}: onert's BATCH_MATMUL "
+                        "takes rank 2..4 and the batch dims could not be flattened at compile time")
+    flat = []
+    for v, name in ((a, "lhs"), (b, "rhs")):
+        dims, hint, idx = ctx.dims(v), ctx.shape_hint(v), ctx.tensor(v)
+        own = [1] * (len(batch) - (len(dims) - 2)) + dims[:-2]
+        if own != batch:
+            if -1 in dims[-2:]:
+                raise ctx.error(f"matmul {name} {dims} needs broadcasting to batch {batch} with a dynamic dim")
+            wide = ctx.new_tensor(batch + dims[-2:], ctx.dtype(v), f"{name}_b")
+            ctx.op(BO.BROADCAST_TO, [idx, ctx.int_const(batch + dims[-2:])], [wide])
+            idx = wide
+        shape = [math.prod(batch)] + dims[-2:]
+        flat_idx = ctx.new_tensor(shape, ctx.dtype(v), f"{name}_3d", [math.prod(batch)] + hint[-2:])
+        ctx.op(BO.RESHAPE, [idx, ctx.shape_operand(shape)], [flat_idx])
+        flat.append(flat_idx)
+    out_hint = ctx.shape_hint(node)
+    prod = ctx.new_tensor([math.prod(batch)] + out_dims[-2:], ctx.dtype(node), "mm_3d",
+                          [math.prod(batch)] + out_hint[-2:])
+    ctx.op(BO.BATCH_MATMUL, flat, [prod], options("BatchMatMulOptions"))
+    ctx.op(BO.RESHAPE, [prod, ctx.shape_operand(node)], [ctx.output(node)])
 
 
 def _swap_last(ctx, src: int, dims: list[int], hint: list[int], dtype, name: str, out: int | None = None) -> int:

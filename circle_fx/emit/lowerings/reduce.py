@@ -1,6 +1,8 @@
 """Reductions (MEAN, SUM, REDUCE_MAX) and softmax over the last axis."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...fx_utils import arguments
@@ -37,6 +39,9 @@ def reduce_into(ctx, code, src, x, axes, keepdim, out):
 
     onert's shape validator rejects most 4-D reductions with keepDims=False (only axes
     [3] and [1, 2] pass), so 4-D inputs reduce with keepDims=True and RESHAPE after."""
+    if ctx.rank(x) > 4:
+        _reduce_merged(ctx, code, src, x, axes, out)
+        return
     if keepdim or ctx.rank(x) != 4 or len(axes) == 4:
         ctx.op(code, [src, ctx.int_const(axes, "axes")], [out], options("ReducerOptions", keepDims=keepdim))
         return
@@ -44,6 +49,37 @@ def reduce_into(ctx, code, src, x, axes, keepdim, out):
     kept_hint = [1 if d in axes else s for d, s in enumerate(ctx.shape_hint(x))]
     tmp = ctx.new_tensor(kept, ctx.tensor_dtype(out), "keepdims", kept_hint)
     ctx.op(code, [src, ctx.int_const(axes, "axes")], [tmp], options("ReducerOptions", keepDims=True))
+    ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
+
+
+def _reduce_merged(ctx, code, src, x, axes, out):
+    """A reduction of a 5-D (or more) tensor (xLSTM's chunked ``[b, heads, chunks, l, l]``):
+    onert reduces rank <= 4 only ("ShapeValidator failed at line 304"), so neighbouring dims
+    that are all reduced or all kept are merged first (a RESHAPE, free), reduced with
+    keepDims=True, and the result reshaped to the output."""
+    dims, hint = ctx.dims(x), ctx.shape_hint(x)
+    groups: list[list[int]] = []
+    for d in range(len(dims)):
+        if groups and (groups[-1][-1] in axes) == (d in axes):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    if len(groups) > 4:
+        raise ctx.error(f"reducing axes {axes} of a {len(dims)}-D tensor {dims}: onert reduces at most 4-D tensors and "
+                        "these axes do not merge into 4 dims")
+
+    def merged(sizes, g):
+        return -1 if any(sizes[d] == -1 for d in g) else math.prod(sizes[d] for d in g)
+
+    shape = [merged(dims, g) for g in groups]
+    shape_hint = [math.prod(hint[d] for d in g) for g in groups]
+    flat = ctx.new_tensor(shape, ctx.tensor_dtype(src), "merged", shape_hint)
+    ctx.op(BO.RESHAPE, [src, ctx.shape_operand(shape)], [flat])
+    red_axes = [i for i, g in enumerate(groups) if g[0] in axes]
+    kept = [1 if i in red_axes else s for i, s in enumerate(shape)]
+    kept_hint = [1 if i in red_axes else s for i, s in enumerate(shape_hint)]
+    tmp = ctx.new_tensor(kept, ctx.tensor_dtype(out), "keepdims", kept_hint)
+    ctx.op(code, [flat, ctx.int_const(red_axes, "axes")], [tmp], options("ReducerOptions", keepDims=True))
     ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
 
 
