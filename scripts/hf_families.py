@@ -8,6 +8,9 @@ Families with several layer kinds (``layer_types``: sliding/full attention, conv
 linear attention...) keep one layer of each kind, so every kind is exercised; per-layer lists
 with literal defaults (Reformer's ``attn_layers``) are cut to the kept layers, and lists the
 config derives in ``__post_init__`` are left to that derivation.
+Layer kinds a config derives itself (a read-only ``layer_types`` from a period, pattern or
+index list: Mamba, Jamba, RecurrentGemma) keep the shortest prefix of the default layers that
+has every kind.
 
 A composite config (text + vision / audio parts) whose causal-LM class takes its text part
 builds that part, as ``AutoModelForCausalLM.from_config`` does (``llama4`` ->
