@@ -542,10 +542,12 @@ def _gather(c: _Checker, op: OperatorView):
 
 def _reduce(c: _Checker, op: OperatorView):
     x = c.dims(op.inputs[0])
+    rank = len(x)
+    if rank > 4:
+        return f"input rank {rank}; onert's reductions take rank <= 4"
     axes = c.const_ints(op.inputs[1])
     if axes is None:
         raise _Skip()
-    rank = len(x)
     if any(not -rank <= a < rank for a in axes):
         return f"axes {axes} out of range for rank {rank}"
     axes = {a % rank for a in axes}
@@ -637,6 +639,8 @@ def _broadcast_to(c: _Checker, op: OperatorView):
     target = c.const_ints(op.inputs[1])
     if target is None:
         raise _Skip()
+    if len(target) > 5:
+        return f"rank {len(target)}; onert's BROADCAST_TO is correct up to rank 5 only (6: wrong values, 7: crash)"
     want = _broadcast([c.dims(op.inputs[0]), target])
     if isinstance(want, str) or want != target:
         return f"input {_fmt(c.dims(op.inputs[0]))} cannot broadcast to {target}"

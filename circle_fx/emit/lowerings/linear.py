@@ -1,5 +1,6 @@
 """Matrix products: ``linear`` -> FULLY_CONNECTED, 1x1 CONV_2D or BATCH_MATMUL (whichever
-onert runs fastest, see :mod:`circle_fx.emit.linear_form`), ``matmul``/``bmm`` -> BATCH_MATMUL,
+onert runs fastest, see :mod:`circle_fx.emit.linear_form`), ``matmul``/``bmm`` -> BATCH_MATMUL
+(any rank: :mod:`._matmul_fold` folds batch dims into the ranks onert runs),
 ``embedding`` -> GATHER.
 
 FULLY_CONNECTED and CONV_2D take torch's ``[out, in]`` weight as is (CONV_2D as the same
@@ -19,6 +20,7 @@ from ...fx_utils import arguments
 from ..registry import lowering
 from .. import linear_form
 from ._common import BO, options
+from ._matmul_fold import batch_matmul
 
 aten = torch.ops.aten
 PADDING_VALID = 1  # circle.Padding.Padding.VALID
@@ -111,55 +113,22 @@ def _linear_runtime_weight(ctx, node, x, w, b):
 def _matmul_plus_bias(ctx, node, x, wt, b):
     """``x @ wt`` (``wt`` is the ``[in, out]`` weight tensor) with BATCH_MATMUL, then ADD the bias."""
     out = ctx.output(node) if b is None else ctx.like(node, "mm")
-    ctx.op(BO.BATCH_MATMUL, [ctx.tensor(x), wt], [out], options("BatchMatMulOptions"))
+    batch_matmul(ctx, ctx.tensor(x), wt, out)
     if b is not None:
         ctx.op(BO.ADD, [out, ctx.tensor(b)], [ctx.output(node)], options("AddOptions"))
 
 
 @lowering(aten.matmul.default, aten.bmm.default, aten.mm.default)
 def matmul(ctx, node):
+    """Any ranks, 1-D included: :func:`batch_matmul` folds batch dims into what onert runs."""
     a, b = node.args[0], node.args[1]
-    if ctx.rank(a) < 2 or ctx.rank(b) < 2:
-        raise ctx.error("matmul with a 1-D operand is not supported")
+    if ctx.rank(a) == 1 and ctx.rank(b) == 1:
+        raise ctx.error("matmul of two 1-D operands (a dot product) is not supported")
     const_a = ctx.constant(a)
-    if const_a is not None and ctx.constant(b) is None:
+    if const_a is not None and ctx.constant(b) is None and ctx.rank(a) >= 2 and ctx.rank(b) >= 2:
         _matmul_constant_lhs(ctx, node, const_a, b)
         return
-    if ctx.rank(node) > 4:
-        _matmul_flat_batch(ctx, node, a, b)
-        return
-    ctx.op(BO.BATCH_MATMUL, [ctx.tensor(a), ctx.tensor(b)], [ctx.output(node)], options("BatchMatMulOptions"))
-
-
-def _matmul_flat_batch(ctx, node, a, b):
-    """A 5-D (or more) product (xLSTM's / SSD's chunked ``[b, heads, chunks, l, d]``): onert's
-    BATCH_MATMUL takes rank 2..4 ("ShapeValidator failed at line 66"), so each operand is
-    broadcast to the output's batch dims and flattened to ``[batch, m, k]``, and the
-    ``[batch, m, n]`` product reshaped back."""
-    out_dims = ctx.dims(node)
-    batch = out_dims[:-2]
-    if -1 in batch:
-        raise ctx.error(f"matmul of rank {len(out_dims)} with a dynamic batch dim {out_dims}: onert's BATCH_MATMUL "
-                        "takes rank 2..4 and the batch dims could not be flattened at compile time")
-    flat = []
-    for v, name in ((a, "lhs"), (b, "rhs")):
-        dims, hint, idx = ctx.dims(v), ctx.shape_hint(v), ctx.tensor(v)
-        own = [1] * (len(batch) - (len(dims) - 2)) + dims[:-2]
-        if own != batch:
-            if -1 in dims[-2:]:
-                raise ctx.error(f"matmul {name} {dims} needs broadcasting to batch {batch} with a dynamic dim")
-            wide = ctx.new_tensor(batch + dims[-2:], ctx.dtype(v), f"{name}_b")
-            ctx.op(BO.BROADCAST_TO, [idx, ctx.int_const(batch + dims[-2:])], [wide])
-            idx = wide
-        shape = [math.prod(batch)] + dims[-2:]
-        flat_idx = ctx.new_tensor(shape, ctx.dtype(v), f"{name}_3d", [math.prod(batch)] + hint[-2:])
-        ctx.op(BO.RESHAPE, [idx, ctx.shape_operand(shape)], [flat_idx])
-        flat.append(flat_idx)
-    out_hint = ctx.shape_hint(node)
-    prod = ctx.new_tensor([math.prod(batch)] + out_dims[-2:], ctx.dtype(node), "mm_3d",
-                          [math.prod(batch)] + out_hint[-2:])
-    ctx.op(BO.BATCH_MATMUL, flat, [prod], options("BatchMatMulOptions"))
-    ctx.op(BO.RESHAPE, [prod, ctx.shape_operand(node)], [ctx.output(node)])
+    batch_matmul(ctx, ctx.tensor(a), ctx.tensor(b), ctx.output(node))
 
 
 def _swap_last(ctx, src: int, dims: list[int], hint: list[int], dtype, name: str, out: int | None = None) -> int:
@@ -181,7 +150,7 @@ def _matmul_constant_lhs(ctx, node, a, b):
     out_dims, out_hint = ctx.dims(node), ctx.shape_hint(node)
     swapped = out_dims[:-2] + out_dims[-1:] + out_dims[-2:-1]
     prod = ctx.new_tensor(swapped, dtype, "mm_T", out_hint[:-2] + out_hint[-1:] + out_hint[-2:-1])
-    ctx.op(BO.BATCH_MATMUL, [bt, at], [prod], options("BatchMatMulOptions"))
+    batch_matmul(ctx, bt, at, prod)
     _swap_last(ctx, prod, swapped, out_hint[:-2] + out_hint[-1:] + out_hint[-2:-1], dtype, "mm", ctx.output(node))
 
 

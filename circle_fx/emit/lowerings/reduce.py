@@ -11,6 +11,7 @@ from ._common import BO, options
 
 aten = torch.ops.aten
 
+MAX_RANK = 4  # onert 0.1.0's MEAN / SUM / REDUCE_MAX take inputs of rank <= 4
 _REDUCE = {aten.mean.dim: BO.MEAN, aten.sum.dim_IntList: BO.SUM, aten.amax.default: BO.REDUCE_MAX}
 
 
@@ -38,9 +39,10 @@ def reduce_into(ctx, code, src, x, axes, keepdim, out):
     """Reduce tensor ``src`` (shaped like node ``x``) over ``axes`` into tensor ``out``.
 
     onert's shape validator rejects most 4-D reductions with keepDims=False (only axes
-    [3] and [1, 2] pass), so 4-D inputs reduce with keepDims=True and RESHAPE after."""
-    if ctx.rank(x) > 4:
-        _reduce_merged(ctx, code, src, x, axes, out)
+    [3] and [1, 2] pass), so 4-D inputs reduce with keepDims=True and RESHAPE after; inputs
+    of rank 5 or more are folded first (:func:`_reduce_folded`)."""
+    if len(ctx.tensor_dims(src)) > MAX_RANK:
+        _reduce_folded(ctx, code, src, axes, out)
         return
     if keepdim or ctx.rank(x) != 4 or len(axes) == 4:
         ctx.op(code, [src, ctx.int_const(axes, "axes")], [out], options("ReducerOptions", keepDims=keepdim))
@@ -52,35 +54,55 @@ def reduce_into(ctx, code, src, x, axes, keepdim, out):
     ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
 
 
-def _reduce_merged(ctx, code, src, x, axes, out):
-    """A reduction of a 5-D (or more) tensor (xLSTM's chunked ``[b, heads, chunks, l, l]``):
-    onert reduces rank <= 4 only ("ShapeValidator failed at line 304"), so neighbouring dims
-    that are all reduced or all kept are merged first (a RESHAPE, free), reduced with
-    keepDims=True, and the result reshaped to the output."""
-    dims, hint = ctx.dims(x), ctx.shape_hint(x)
-    groups: list[list[int]] = []
-    for d in range(len(dims)):
-        if groups and (groups[-1][-1] in axes) == (d in axes):
-            groups[-1].append(d)
+def _reduce_folded(ctx, code, src, axes, out):
+    """onert 0.1.0 reduces inputs of rank <= 4 only (5-D: "ShapeValidator failed at line 304",
+    findings §3). Consecutive dims that are all reduced or all kept are multiplied into one
+    (row-major, so the RESHAPE is exact; static 1s are dropped), and the reduction runs on
+    those runs. They alternate, so up to 4 runs fit; with more, a TRANSPOSE moves the kept
+    runs in front of the reduced ones and the input becomes ``[kept, reduced]``."""
+    runs: list[list] = []  # [reduced?, dim (-1 dynamic), hint]
+    for d, (size, h) in enumerate(zip(ctx.tensor_dims(src), ctx.tensor_hint(src))):
+        if size == 1:
+            continue
+        if runs and runs[-1][0] == (d in axes):
+            runs[-1][1] = -1 if -1 in (runs[-1][1], size) else runs[-1][1] * size
+            runs[-1][2] *= h
         else:
-            groups.append([d])
-    if len(groups) > 4:
-        raise ctx.error(f"reducing axes {axes} of a {len(dims)}-D tensor {dims}: onert reduces at most 4-D tensors and "
-                        "these axes do not merge into 4 dims")
+            runs.append([d in axes, size, h])
+    if not any(red for red, _, _ in runs):  # only size-1 dims are reduced
+        ctx.op(BO.RESHAPE, [src, ctx.shape_operand(ctx.tensor_dims(out))], [out])
+        return
+    dtype = ctx.tensor_dtype(src)
+    if len(runs) > MAX_RANK:
+        perm = [i for i, r in enumerate(runs) if not r[0]] + [i for i, r in enumerate(runs) if r[0]]
+        grouped = _reshape(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_runs")
+        moved = ctx.new_tensor([runs[p][1] for p in perm], dtype, "reduce_moved", [runs[p][2] for p in perm])
+        ctx.op(BO.TRANSPOSE, [grouped, ctx.int_const(perm, "perm")], [moved])
+        src, runs = moved, [[red, _prod(r[1] for r in runs if r[0] == red), math.prod(r[2] for r in runs if r[0] == red)]
+                            for red in (False, True)]
+    src = _reshape(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_folded")
+    keep = len(runs) == 4  # onert's 4-D reductions need keepDims=True (see reduce_into)
+    dims = [1 if red else s for red, s, _ in runs if keep or not red]
+    hint = [1 if red else h for red, _, h in runs if keep or not red]
+    red_axes = [i for i, r in enumerate(runs) if r[0]]
+    direct = dims == ctx.tensor_dims(out)
+    tmp = out if direct else ctx.new_tensor(dims, ctx.tensor_dtype(out), "reduced", hint)
+    ctx.op(code, [src, ctx.int_const(red_axes, "axes")], [tmp], options("ReducerOptions", keepDims=keep))
+    if not direct:
+        ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
 
-    def merged(sizes, g):
-        return -1 if any(sizes[d] == -1 for d in g) else math.prod(sizes[d] for d in g)
 
-    shape = [merged(dims, g) for g in groups]
-    shape_hint = [math.prod(hint[d] for d in g) for g in groups]
-    flat = ctx.new_tensor(shape, ctx.tensor_dtype(src), "merged", shape_hint)
-    ctx.op(BO.RESHAPE, [src, ctx.shape_operand(shape)], [flat])
-    red_axes = [i for i, g in enumerate(groups) if g[0] in axes]
-    kept = [1 if i in red_axes else s for i, s in enumerate(shape)]
-    kept_hint = [1 if i in red_axes else s for i, s in enumerate(shape_hint)]
-    tmp = ctx.new_tensor(kept, ctx.tensor_dtype(out), "keepdims", kept_hint)
-    ctx.op(code, [flat, ctx.int_const(red_axes, "axes")], [tmp], options("ReducerOptions", keepDims=True))
-    ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
+def _reshape(ctx, t, dims, hint, name):
+    if dims == ctx.tensor_dims(t):
+        return t
+    r = ctx.new_tensor(dims, ctx.tensor_dtype(t), name, hint)
+    ctx.op(BO.RESHAPE, [t, ctx.shape_operand(dims)], [r])
+    return r
+
+
+def _prod(dims) -> int:
+    dims = list(dims)
+    return -1 if -1 in dims else math.prod(dims)
 
 
 @lowering(aten.mean.default, aten.sum.default)

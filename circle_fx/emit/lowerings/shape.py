@@ -13,6 +13,7 @@ import torch
 from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
+from ._broadcast_fold import MAX_RANK as BROADCAST_MAX_RANK, broadcast_to
 from ._common import BO, options
 
 aten = torch.ops.aten
@@ -60,6 +61,9 @@ def expand(ctx, node):
     x = ctx.tensor(node.args[0])
     if src == out:
         ctx.op(BO.RESHAPE, [x, ctx.int_const(out)], [ctx.output(node)])
+        return
+    if len(out) > BROADCAST_MAX_RANK:  # onert's BROADCAST_TO is wrong above rank 5: fold dims first
+        broadcast_to(ctx, x, [1] * (len(out) - len(src)) + src, out, ctx.output(node))
         return
     if len(src) < len(out):  # leading new dims: make ranks equal first
         padded = [1] * (len(out) - len(src)) + src

@@ -1,0 +1,43 @@
+"""BROADCAST_TO within the rank onert 0.1.0 computes correctly.
+
+onert 0.1.0's BROADCAST_TO is exact up to rank 5; rank 6 returns wrong values without an
+error and rank 7 crashes the process (measured: docs/onert-findings.md §3). A broadcast only
+needs one dim per run of consecutive dims that are all repeated or all kept (row-major, so
+RESHAPEs in and out are exact), which is rarely more than three.
+"""
+from __future__ import annotations
+
+from ._common import BO
+
+MAX_RANK = 5
+
+
+def broadcast_to(ctx, t: int, src: list[int], dst: list[int], out: int, name: str = "bcast") -> None:
+    """Tensor ``t`` (``src`` dims, or any shape with as many elements) broadcast to ``dst``
+    (static, same rank as ``src``) into tensor ``out`` (``dst`` dims, or as many elements)."""
+    if ctx.tensor_dims(t) == src and ctx.tensor_dims(out) == dst and len(dst) <= MAX_RANK:
+        ctx.op(BO.BROADCAST_TO, [t, ctx.int_const(dst)], [out])
+        return
+    segs: list[list[int]] = []  # [own size, target size] per run
+    for own, want in zip(src, dst):
+        if want == 1:
+            continue
+        if segs and (segs[-1][0] == segs[-1][1]) == (own == want):
+            segs[-1] = [segs[-1][0] * own, segs[-1][1] * want]
+        else:
+            segs.append([own, want])
+    if len(segs) > MAX_RANK:
+        raise ctx.error(f"broadcasting {src} to {dst} needs a rank-{len(segs)} BROADCAST_TO; onert 0.1.0's "
+                        f"is correct up to rank {MAX_RANK} only")
+    own, want = [o for o, _ in segs] or [1], [w for _, w in segs] or [1]
+    dtype = ctx.tensor_dtype(t)
+    if ctx.tensor_dims(t) != own:
+        r = ctx.new_tensor(own, dtype, f"{name}_in")
+        ctx.op(BO.RESHAPE, [t, ctx.int_const(own)], [r])
+        t = r
+    if ctx.tensor_dims(out) == want:
+        ctx.op(BO.BROADCAST_TO, [t, ctx.int_const(want)], [out])
+        return
+    wide = ctx.new_tensor(want, dtype, f"{name}_out")
+    ctx.op(BO.BROADCAST_TO, [t, ctx.int_const(want)], [wide])
+    ctx.op(BO.RESHAPE, [wide, ctx.int_const(ctx.tensor_dims(out))], [out])

@@ -1,0 +1,113 @@
+"""``torch.matmul`` of any rank as one BATCH_MATMUL of rank <= 4 (what onert 0.1.0 runs).
+
+onert 0.1.0's BATCH_MATMUL refuses operands of rank 5 or more at prepare time, but within
+rank 4 it broadcasts freely: either operand's batch dims may be 1 against the other's, both
+ways at once, and the ranks may differ (measured: docs/onert-findings.md §3). torch's matmul
+takes any rank, 1-D operands included; linear-attention models (chunked delta rules) multiply
+``[B, H, chunks, C, D]`` tensors.
+
+So the batch positions (right-aligned; a missing position counts as 1) are classified by
+how they broadcast: the same size in both operands, 1 in ``a`` only, or 1 in ``b`` only.
+Positions where both are 1 are dropped; consecutive positions of one class are multiplied
+into one dim (row-major, so each operand's RESHAPE is exact and the product's RESHAPE back to
+torch's shape is too). Two runs fit in rank 4. More runs (1s alternating between the
+operands, rare) are expanded with BROADCAST_TO first (see :func:`_expand`), after which every
+position is "same" and folds into one.
+A 1-D operand is the matrix ``[1, K]`` (left) or ``[K, 1]`` (right), as torch defines it.
+"""
+from __future__ import annotations
+
+import math
+
+from ._broadcast_fold import broadcast_to
+from ._common import BO, options
+
+SAME, ONE_IN_A, ONE_IN_B = "same", "a1", "b1"
+MAX_RANK = 4  # onert 0.1.0's BATCH_MATMUL: operand ranks 2..4
+
+
+def batch_matmul(ctx, a: int, b: int, out: int) -> None:
+    """``out = a @ b`` (torch.matmul semantics) on Circle tensors ``a``, ``b``, ``out``."""
+    ad, bd = ctx.tensor_dims(a), ctx.tensor_dims(b)
+    if 2 <= len(ad) <= MAX_RANK and 2 <= len(bd) <= MAX_RANK:
+        ctx.op(BO.BATCH_MATMUL, [a, b], [out], options("BatchMatMulOptions"))
+        return
+    ah, bh = ctx.tensor_hint(a), ctx.tensor_hint(b)
+    if len(ad) == 1:
+        ad, ah = [1] + ad, [1] + ah
+    if len(bd) == 1:
+        bd, bh = bd + [1], bh + [1]
+    groups = _groups(ad[:-2], ah[:-2], bd[:-2], bh[:-2])
+    if len(groups) > MAX_RANK - 2:
+        a, b, groups = _expand(ctx, a, b, groups, ad[-2:], bd[-2:])
+    ga = [(_prod(d for d, _ in g["a"]), _prod(h for _, h in g["a"])) for g in groups]
+    gb = [(_prod(d for d, _ in g["b"]), _prod(h for _, h in g["b"])) for g in groups]
+    a = _reshaped(ctx, a, [d for d, _ in ga] + ad[-2:], [h for _, h in ga] + ah[-2:], "mm_lhs")
+    b = _reshaped(ctx, b, [d for d, _ in gb] + bd[-2:], [h for _, h in gb] + bh[-2:], "mm_rhs")
+    batch = [gb[i][0] if g["kind"] == ONE_IN_A else ga[i][0] if g["kind"] == ONE_IN_B or ga[i][0] != -1
+             else gb[i][0] for i, g in enumerate(groups)]
+    batch_hint = [max(ha, hb) for (_, ha), (_, hb) in zip(ga, gb)]
+    dims, hint = batch + [ad[-2], bd[-1]], batch_hint + [ah[-2], bh[-1]]
+    if dims == ctx.tensor_dims(out):
+        ctx.op(BO.BATCH_MATMUL, [a, b], [out], options("BatchMatMulOptions"))
+        return
+    mm = ctx.new_tensor(dims, ctx.tensor_dtype(out), "mm_folded", hint)
+    ctx.op(BO.BATCH_MATMUL, [a, b], [mm], options("BatchMatMulOptions"))
+    ctx.op(BO.RESHAPE, [mm, ctx.shape_operand(ctx.tensor_dims(out))], [out])
+
+
+def _groups(ad, ah, bd, bh) -> list[dict]:
+    """Runs of consecutive batch positions that broadcast alike; each run lists its
+    ``(dim, hint)`` pairs per operand (-1 dims are dynamic)."""
+    n = max(len(ad), len(bd))
+    pad = lambda xs, fill: [fill] * (n - len(xs)) + list(xs)  # noqa: E731
+    ad, ah, bd, bh = pad(ad, 1), pad(ah, 1), pad(bd, 1), pad(bh, 1)
+    groups: list[dict] = []
+    for da, ha, db, hb in zip(ad, ah, bd, bh):
+        if da == 1 and db == 1:
+            continue  # 1 in both: broadcasts with anything, drop it
+        # a static 1 against anything else broadcasts; otherwise torch guarantees equal sizes
+        kind = ONE_IN_A if da == 1 else ONE_IN_B if db == 1 else SAME
+        if not groups or groups[-1]["kind"] != kind:
+            groups.append({"kind": kind, "a": [], "b": []})
+        groups[-1]["a"].append((da, ha))
+        groups[-1]["b"].append((db, hb))
+    return groups
+
+
+def _expand(ctx, a, b, groups, a_mat, b_mat):
+    """More broadcast runs than rank 4 holds: each operand broadcast to the full batch
+    (:func:`._broadcast_fold.broadcast_to`, which keeps BROADCAST_TO within the rank onert
+    computes correctly), so every position is 'same' and the batch folds into one dim."""
+    if -1 in [d for g in groups for d, _ in g["a"] + g["b"]] + a_mat + b_mat:
+        raise ctx.error("matmul whose batch dims broadcast in more than two alternating runs needs "
+                        "static shapes (BROADCAST_TO takes a constant shape)")
+    grouped = {side: [_prod(d for d, _ in g[side]) for g in groups] for side in ("a", "b")}
+    full = [max(x, y) for x, y in zip(grouped["a"], grouped["b"])]
+    n = math.prod(full)
+    outs = []
+    for t, side, mat in ((a, "a", a_mat), (b, "b", b_mat)):
+        if grouped[side] == full:
+            outs.append(t)  # nothing to broadcast: the fold RESHAPEs it
+            continue
+        wide = ctx.new_tensor([n] + mat, ctx.tensor_dtype(t), f"mm_{side}_expanded")
+        broadcast_to(ctx, t, grouped[side] + mat, full + mat, wide, f"mm_{side}")
+        outs.append(wide)
+    return outs[0], outs[1], [{"kind": SAME, "a": [(n, n)], "b": [(n, n)]}]
+
+
+def _reshaped(ctx, t: int, dims: list[int], hint: list[int], name: str, strip: bool = True) -> int:
+    """``t`` as ``dims`` (with ``strip``, leading 1s dropped: BATCH_MATMUL broadcasts ranks);
+    ``t`` itself when that is already its shape."""
+    while strip and len(dims) > 2 and dims[0] == 1:
+        dims, hint = dims[1:], hint[1:]
+    if dims == ctx.tensor_dims(t):
+        return t
+    r = ctx.new_tensor(dims, ctx.tensor_dtype(t), name, hint)
+    ctx.op(BO.RESHAPE, [t, ctx.shape_operand(dims)], [r])
+    return r
+
+
+def _prod(dims) -> int:
+    dims = list(dims)
+    return -1 if -1 in dims else math.prod(dims)
