@@ -17,6 +17,7 @@ from ..transformers_compat import remedies
 from .builder import BO, ModelBuilder
 from .context import LoweringContext
 from .peephole import META_KEY as PEEPHOLE_KEY, simplify
+from .rank_limits import legalize as legalize_ranks
 from .registry import lowering_for
 from .types import TORCH_TO_CIRCLE
 
@@ -112,6 +113,7 @@ def emit(program: Program, progress=None) -> ModelBuilder:
     ctx.node = None
     outs = graph.output_node().args[0]
     protected = set(mb.inputs) | {ctx.values[v] for v in outs if isinstance(ctx.values.get(v), int)}
+    legalize_ranks(mb)  # correctness, not speed: always, before the peephole merges its RESHAPEs
     if program.gm.meta.get(PEEPHOLE_KEY, True):
         simplify(mb, protected)
     consumed = {i for op in mb.operators for i in op.inputs}

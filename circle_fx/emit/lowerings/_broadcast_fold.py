@@ -7,9 +7,10 @@ RESHAPEs in and out are exact), which is rarely more than three.
 """
 from __future__ import annotations
 
+from ...circle import limits
 from ._common import BO
 
-MAX_RANK = 5
+MAX_RANK = limits.BROADCAST_TO
 
 
 def broadcast_to(ctx, t: int, src: list[int], dst: list[int], out: int, name: str = "bcast") -> None:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 
+from ...circle import limits
 from ._broadcast_fold import broadcast_to
 from ._common import BO, options
 
 SAME, ONE_IN_A, ONE_IN_B = "same", "a1", "b1"
-MAX_RANK = 4  # onert 0.1.0's BATCH_MATMUL: operand ranks 2..4
+MAX_RANK = limits.BATCH_MATMUL  # onert 0.1.0's BATCH_MATMUL: operand ranks 2..4
 
 
 def batch_matmul(ctx, a: int, b: int, out: int) -> None:

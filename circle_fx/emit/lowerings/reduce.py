@@ -5,13 +5,14 @@ import math
 
 import torch
 
+from ...circle import limits
 from ...fx_utils import arguments
 from ..registry import lowering
 from ._common import BO, options
 
 aten = torch.ops.aten
 
-MAX_RANK = 4  # onert 0.1.0's MEAN / SUM / REDUCE_MAX take inputs of rank <= 4
+MAX_RANK = limits.REDUCE  # onert 0.1.0's MEAN / SUM / REDUCE_MAX take inputs of rank <= 4
 _REDUCE = {aten.mean.dim: BO.MEAN, aten.sum.dim_IntList: BO.SUM, aten.amax.default: BO.REDUCE_MAX}
 
 

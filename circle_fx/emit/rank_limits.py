@@ -1,0 +1,115 @@
+"""Elementwise operators folded into the ranks onert 0.1.0 computes correctly.
+
+Measured (docs/onert-findings.md, "Ranks above 4"):
+
+- SELECT_V2 whose operands broadcast (a scalar, a lower-rank or size-1 operand) returns
+  wrong values, without an error, at rank 5 and 6; it is exact at rank <= 4, and at rank
+  5-6 when all three operands have the output's shape;
+- every elementwise op tried (EXP, MUL, SUB, SELECT_V2) crashes the process at rank 7.
+
+Any lowering can emit such an operator (``where``, ``masked_fill``, a mask built by
+broadcasting...), so the fix is here, on the emitted operators, before the peephole pass:
+positions where the output has size 1 are dropped, and consecutive positions where every
+operand broadcasts the same way (each operand is either 1 or full there) are multiplied
+into one dim. RESHAPE in, the op on the folded shapes, RESHAPE out: exact, since row-major
+order is unchanged (the peephole then merges back-to-back RESHAPEs between folded ops).
+Operators onert already computes correctly are left as they are.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..circle.limits import elementwise_max_rank
+from .builder import BO, ModelBuilder, OperatorInfo, op_name
+
+#: ops whose inputs broadcast against each other elementwise (unary ops: one input)
+ELEMENTWISE = {
+    BO.ADD, BO.SUB, BO.MUL, BO.DIV, BO.MAXIMUM, BO.MINIMUM, BO.POW, BO.SELECT_V2,
+    BO.EQUAL, BO.NOT_EQUAL, BO.LESS, BO.LESS_EQUAL, BO.GREATER, BO.GREATER_EQUAL,
+    BO.LOGICAL_AND, BO.LOGICAL_OR, BO.LOGICAL_NOT, BO.CAST, BO.NEG, BO.EXP, BO.LOG, BO.SQRT,
+    BO.RSQRT, BO.SIN, BO.COS, BO.TANH, BO.ABS, BO.LOGISTIC, BO.RELU, BO.GELU,
+}
+
+
+def legalize(mb: ModelBuilder) -> int:
+    """Fold every elementwise operator above its rank limit, in place; return how many."""
+    ops: list[OperatorInfo] = []
+    folded = 0
+    for op in mb.operators:
+        new = _fold(mb, op) if op.code in ELEMENTWISE and len(op.outputs) == 1 else None
+        if new is None:
+            ops.append(op)
+        else:
+            ops.extend(new)
+            folded += 1
+    mb.operators = ops
+    return folded
+
+
+def _dims(mb: ModelBuilder, t: int) -> list[int]:
+    info = mb.tensors[t]
+    return list(info.shape_signature if info.shape_signature is not None else info.shape)
+
+
+def _fold(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    out_t = op.outputs[0]
+    out = _dims(mb, out_t)
+    ins = [_dims(mb, t) for t in op.inputs]
+    limit = elementwise_max_rank(op_name(op.code), ins, out)
+    if len(out) <= limit:
+        return None
+    rank = len(out)
+    padded = [[1] * (rank - len(d)) + d for d in ins]
+    hints = [[1] * (rank - len(mb.tensors[t].shape)) + list(mb.tensors[t].shape) for t in op.inputs]
+    groups: list[tuple[tuple, list[int]]] = []  # (which operands are 1 there, positions)
+    for k in range(rank):
+        if out[k] == 1:
+            continue
+        pattern = tuple(p[k] == 1 for p in padded)
+        if groups and groups[-1][0] == pattern:
+            groups[-1][1].append(k)
+        else:
+            groups.append((pattern, [k]))
+    if len(groups) > limit:
+        return None  # cannot fold far enough; verify reports the operator
+
+    def fold(dims):
+        return [(-1 if any(dims[k] == -1 for k in ks) else math.prod(dims[k] for k in ks)) for _, ks in groups] or [1]
+
+    new_ops: list[OperatorInfo] = []
+    new_ins = []
+    for t, d, p, h in zip(op.inputs, ins, padded, hints):
+        if not d:  # a scalar broadcasts at any rank
+            new_ins.append(t)
+            continue
+        sig, shape = fold(p), fold(h)
+        if sig.count(-1) > 1:
+            return None
+        new_ins.append(_reshaped(mb, t, sig, shape, new_ops, op.source))
+    sig, shape = fold(out), fold(mb.tensors[out_t].shape)
+    if sig.count(-1) > 1 or out.count(-1) > 1:
+        return None
+    info = mb.tensors[out_t]
+    mid = mb.add_tensor(f"{info.name}/folded", shape, info.type, 0, sig if -1 in sig else None, info.quantization)
+    new_ops.append(OperatorInfo(op.code, new_ins, [mid], op.options, op.source))
+    new_ops.append(OperatorInfo(BO.RESHAPE, [mid, _shape_const(mb, info.name, out)], [out_t], None, op.source))
+    return new_ops
+
+
+def _reshaped(mb: ModelBuilder, t: int, sig: list[int], shape: list[int], ops: list, source: str) -> int:
+    """``t`` viewed as ``sig``: the same buffer for a constant, else a RESHAPE."""
+    info = mb.tensors[t]
+    if _dims(mb, t) == sig:
+        return t
+    dynamic = sig if -1 in sig else None
+    if info.buffer:
+        return mb.add_tensor(f"{info.name}/folded", shape, info.type, info.buffer, None, info.quantization)
+    r = mb.add_tensor(f"{info.name}/folded", shape, info.type, 0, dynamic, info.quantization)
+    ops.append(OperatorInfo(BO.RESHAPE, [t, _shape_const(mb, info.name, sig)], [r], None, source))
+    return r
+
+
+def _shape_const(mb: ModelBuilder, name: str, dims: list[int]) -> int:
+    return mb.add_constant(f"{name}/fold_shape", np.asarray(dims, np.int32))
