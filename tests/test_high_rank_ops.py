@@ -1,0 +1,135 @@
+"""Ops above the ranks onert 0.1.0 runs, folded into ranks it does (circle_fx/circle/limits.py).
+
+Linear-attention models (chunked delta rules: Qwen3-Next, Kimi-Linear, OLMo-hybrid...)
+multiply, reduce and mask ``[B, H, chunks, C, C]`` tensors. onert 0.1.0 refuses BATCH_MATMUL
+and reductions at rank 5, and computes SELECT_V2 with a broadcasting operand wrongly at rank
+5 (no error). Each case runs in onert against eager; the verify cases show that an operator
+beyond a limit is reported instead of written silently.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+from circle_fx.circle.schema import BO
+from circle_fx.emit.builder import ModelBuilder
+from circle_fx.emit.lowerings._common import options
+from circle_fx.emit.writer import serialize
+
+from onert_eager import Fn, assert_onert_matches_eager
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def r(*shape):
+    return torch.randn(*shape)
+
+
+MATMULS = {
+    # the delta rule's k @ k^T and attn @ v: [B, H, chunks, C, D]
+    "rank5": (r(1, 4, 2, 8, 6), r(1, 4, 2, 6, 8)),
+    "rank5_lhs_broadcasts": (r(1, 4, 1, 8, 6), r(2, 4, 3, 6, 5)),
+    "rank5_both_broadcast": (r(2, 1, 3, 8, 6), r(1, 4, 3, 6, 5)),
+    "rank5_x_rank2": (r(2, 2, 3, 4, 5), r(5, 6)),
+    "rank5_x_rank3": (r(2, 2, 3, 4, 5), r(3, 5, 6)),
+    # 1s alternating between the operands: three broadcast runs, expanded first
+    "three_runs": (r(2, 1, 3, 4, 5), r(1, 4, 1, 5, 6)),
+    "rank6": (r(2, 3, 1, 4, 5, 6), r(1, 3, 2, 4, 6, 2)),
+    "vector_lhs": (r(5), r(2, 2, 3, 5, 6)),
+    "vector_rhs": (r(2, 2, 3, 4, 5), r(5)),
+    "vector_x_matrix": (r(5), r(5, 6)),
+}
+
+
+@pytest.mark.parametrize("name", list(MATMULS))
+def test_matmul_any_rank_matches_eager(name):
+    torch.manual_seed(0)
+    a, b = MATMULS[name]
+    cm = assert_onert_matches_eager(Fn(torch.matmul), (a, b), **TOL)
+    assert cm.op_histogram()["BATCH_MATMUL"] == 1
+
+
+def test_rank4_matmul_is_unchanged():
+    """Within onert's ranks nothing is folded: one BATCH_MATMUL, no RESHAPE."""
+    cm = assert_onert_matches_eager(Fn(torch.matmul), (r(2, 1, 4, 5), r(1, 3, 5, 6)), **TOL)
+    assert dict(cm.op_histogram()) == {"BATCH_MATMUL": 1}
+
+
+REDUCTIONS = {
+    "delta_rule_sum": lambda x: (x[..., 0, :5].unsqueeze(-1) * x).sum(-2),  # (row[..., None] * sub).sum(-2)
+    "sum_keepdim": lambda x: x.sum(-2, keepdim=True),
+    "mean_alternating": lambda x: x.mean((1, 3)),  # kept/reduced alternate 5 times: TRANSPOSE first
+    "amax": lambda x: x.amax((0, 2, 4)),
+    "sum_all": lambda x: x.sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCTIONS))
+def test_rank5_reductions_match_eager(name):
+    torch.manual_seed(0)
+    assert_onert_matches_eager(Fn(REDUCTIONS[name]), (r(2, 3, 4, 5, 6),), rtol=1e-4, atol=1e-4)
+
+
+WHERES = {
+    # silently wrong in onert 0.1.0 before folding (max abs diff 2.2 .. 3.4)
+    "mask_lower_rank": (lambda k, x: torch.where(k, x, 0.0), (torch.rand(5, 4) > 0.5, r(2, 1, 3, 5, 4))),
+    "masked_fill": (lambda k, x: x.masked_fill(k, -1.0), (torch.rand(3, 5, 1) > 0.5, r(2, 1, 3, 5, 4))),
+    "value_broadcasts": (lambda k, x, y: torch.where(k, x, y),
+                         (torch.rand(2, 1, 3, 5, 4) > 0.5, r(3, 5, 1), r(2, 1, 3, 5, 4))),
+    "rank6": (lambda k, x: torch.where(k, x, 0.0), (torch.rand(3, 1, 4) > 0.5, r(2, 2, 1, 3, 5, 4))),
+}
+
+
+@pytest.mark.parametrize("name", list(WHERES))
+def test_high_rank_select_with_broadcasting_matches_eager(name):
+    torch.manual_seed(0)
+    fn, inputs = WHERES[name]
+    assert_onert_matches_eager(Fn(fn), inputs, rtol=0, atol=0)
+
+
+def test_rank6_slice_select_and_expand_match_eager():
+    torch.manual_seed(0)
+
+    def fn(x):
+        return x[:, :, 1:5:2] * 2, x.select(3, 2) + 1, x[:, :, :, :1].expand(2, 3, 6, 7, 2, 3) - 1
+
+    assert_onert_matches_eager(Fn(fn), (r(2, 3, 6, 4, 2, 3),), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ verify reports the limits
+def _one_op(code, in_shapes, out_shape, consts=(), out_type=0):
+    mb = ModelBuilder()
+    ins = []
+    for i, s in enumerate(in_shapes):
+        t = mb.add_tensor(f"in{i}", s, 0 if i or code != BO.SELECT_V2 else 6)  # FLOAT32 (BOOL cond)
+        mb.inputs.append(t)
+        mb.input_names.append(f"in{i}")
+        ins.append(t)
+    ins += [mb.add_constant(f"c{i}", np.asarray(c, np.int32)) for i, c in enumerate(consts)]
+    out = mb.add_tensor("out", out_shape, out_type)
+    opts = {BO.BATCH_MATMUL: options("BatchMatMulOptions"), BO.SUM: options("ReducerOptions"),
+            BO.BROADCAST_TO: None, BO.SELECT_V2: options("SelectV2Options")}[code]
+    mb.add_operator(code, ins, [out], opts)
+    mb.outputs.append(out)
+    mb.output_names.append("out")
+    return bytes(serialize(mb).head)
+
+
+@pytest.mark.parametrize("code, ins, out, consts, words", [
+    (BO.BATCH_MATMUL, [[1, 2, 2, 4, 5], [1, 2, 2, 5, 3]], [1, 2, 2, 4, 3], (), "operand ranks 5 and 5"),
+    (BO.SUM, [[2, 2, 2, 2, 3]], [2, 2, 2, 2], ([4],), "reductions take rank <= 4"),
+    (BO.BROADCAST_TO, [[2, 1, 2, 1, 2, 1]], [2, 3, 2, 3, 2, 3], ([2, 3, 2, 3, 2, 3],), "BROADCAST_TO is correct up to rank 5"),
+    (BO.SELECT_V2, [[5, 4], [2, 1, 3, 5, 4], [2, 1, 3, 5, 4]], [2, 1, 3, 5, 4], (),
+     "SELECT_V2 with broadcasting operands correctly up to rank 4"),
+])
+def test_verify_reports_ops_beyond_onert_ranks(code, ins, out, consts, words):
+    data = _one_op(code, ins, out, consts)
+    with pytest.raises(circle_fx.VerifyError) as info:
+        circle_fx.verify(data)
+    assert any(words in p for p in info.value.problems), info.value.problems
+
+
+def test_verify_accepts_rank5_select_without_broadcasting():
+    circle_fx.verify(_one_op(BO.SELECT_V2, [[2, 1, 3, 5, 4]] * 3, [2, 1, 3, 5, 4]))
