@@ -133,3 +133,22 @@ def test_verify_reports_ops_beyond_onert_ranks(code, ins, out, consts, words):
 
 def test_verify_accepts_rank5_select_without_broadcasting():
     circle_fx.verify(_one_op(BO.SELECT_V2, [[2, 1, 3, 5, 4]] * 3, [2, 1, 3, 5, 4]))
+
+
+class _Chunked(torch.nn.Module):
+    """A delta-rule-like step on [B, H, chunks, C, D] with a dynamic chunk count."""
+
+    def forward(self, k, mask):
+        attn = torch.where(mask, 0.0, k @ k.transpose(-1, -2))  # rank-5 BATCH_MATMUL, broadcast SELECT_V2
+        return (attn.unsqueeze(-1) * k.unsqueeze(-3)).sum(-2)  # rank-6 MUL, rank-5 SUM
+
+
+def test_folds_keep_a_dynamic_dim():
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    mask = torch.triu(torch.ones(8, 8, dtype=torch.bool))
+    cm = circle_fx.export(_Chunked(), (r(1, 2, 3, 8, 4), mask), dynamic_shapes=({2: Dim("chunks", max=16)}, None))
+    for n in (2, 5):
+        k = r(1, 2, n, 8, 4)
+        np.testing.assert_allclose(cm.run(k, mask)[0], _Chunked()(k, mask).numpy(), rtol=1e-5, atol=1e-5)
