@@ -66,6 +66,16 @@ def _router_scatter(x):
     return torch.sigmoid(torch.full_like(x, float("-inf")).scatter_(1, i, v))
 
 
+def _distinct_index(shape, dim, k, seed=7):
+    """A constant index, distinct along ``dim`` (a scatter source needs no duplicates)."""
+    return _randn(*shape, seed=seed).argsort(dim=dim).narrow(dim, 0, k).contiguous()
+
+
+IDX_DIM1 = _distinct_index((2, 5, 4, 3), 1, 2)   # gathers from [2, 5, 6, 3]: smaller outside dim 1 too
+IDX_DIM2 = _distinct_index((1, 2, 5, 3), 2, 2)
+IDX_T = _distinct_index((2, 3, 5, 4), 1, 2)      # used transposed: a non-contiguous index
+
+
 CASES = {
     "stack_flatten_rope": (_interleaved_rope, [(2, 6, 4, 8)]),
     "view_as_complex_rope": (_complex_rope, [(1, 6, 2, 8)]),
@@ -89,6 +99,11 @@ CASES = {
                                  [(2, 3)]),
     "masked_fill": (lambda x: x.masked_fill(x > 0.3, -1.5), [(4, 6)]),
     "gather": (lambda x: torch.gather(x, 1, torch.topk(x, 3, dim=1).indices) * 2, [(4, 7)]),
+    # 4-D (Inkling's relative logits): the one-hot would be 5-D and onert 0.1.0's SUM refuses 5-D
+    "gather_4d": (lambda x: torch.gather(x, -1, torch.topk(x, 2, dim=-1).indices) * 2, [(1, 3, 5, 6)]),
+    "gather_4d_middle_dim_smaller_index": (lambda x: torch.gather(x, 1, IDX_DIM1), [(2, 5, 6, 3)]),
+    "gather_4d_transposed_index": (lambda x: torch.gather(x, 1, IDX_T.transpose(2, 3)) * 2, [(2, 3, 4, 5)]),
+    "scatter_4d": (lambda x: torch.zeros_like(x).scatter(2, IDX_DIM2, x * 3), [(1, 2, 5, 3)]),
     "tril_triu": (lambda x: torch.tril(x) - torch.triu(x, 1), [(5, 5)]),
     "pad_constant": (lambda x: F.pad(x, (2, 1, 0, 1)) + 1, [(2, 3, 4)]),
     "pad_value": (lambda x: F.pad(x, (1, 1), value=-2.0), [(2, 3)]),

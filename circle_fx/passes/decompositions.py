@@ -7,12 +7,16 @@ must itself have a lowering (or depend on no input, and fold to a constant).
 - ``gather`` / ``scatter`` along a dim: onert 0.1.0 has no GATHER_ND / SCATTER_ND, so they
   are written as a one-hot comparison against ``arange`` (a constant) plus a select and a
   sum. Exact (``where`` picks values, the sum adds zeros), also for infinities; costs
-  ``index.numel() * size(dim)`` elements, fine for routers and small index sets.
+  ``index.numel() * size(dim)`` elements, fine for routers and small index sets. Inputs of
+  rank >= 4 are flattened to ``[before, dim, after]`` first, since the one-hot adds an axis
+  and onert 0.1.0 reduces at most 4-D tensors (Inkling's 4-D relative-logit gather).
 - ``*_like`` / ``new_*`` factories: the result depends only on the (static) shape, so they
   become ``full`` (a constant after folding); ``empty`` variants are zeros.
 - ``copy(x, src)``: the value is ``src`` cast and broadcast to ``x``'s shape.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -27,17 +31,24 @@ def _one_hot(index: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return index.unsqueeze(dim + 1) == positions
 
 
+def _flat3(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` as ``[prod(before dim), size(dim), prod(after dim)]``: the one-hot then adds one
+    axis, and the select/sum run on at most 4-D tensors (onert 0.1.0's SUM / MEAN refuse
+    5-D input: "ShapeValidator failed at line 304", docs/onert-findings.md)."""
+    return t.reshape(math.prod(t.shape[:dim]), t.shape[dim], math.prod(t.shape[dim + 1:]))
+
+
 def gather(x, dim, index, sparse_grad=False):
     dim %= max(x.dim(), 1)
     n = x.shape[dim]
-    hot = _one_hot(index, dim, n)                           # [..., m, n, ...]
-    xs = x.unsqueeze(dim)                                   # [..., 1, n, ...]
     if index.shape[:dim] != x.shape[:dim] or index.shape[dim + 1:] != x.shape[dim + 1:]:
-        xs = xs.narrow(dim + 1, 0, n)
         for d in range(x.dim()):
             if d != dim and index.shape[d] != x.shape[d]:
-                xs = xs.narrow(d if d < dim else d + 1, 0, index.shape[d])
-    picked = torch.where(hot, xs, torch.zeros((), dtype=x.dtype))
+                x = x.narrow(d, 0, index.shape[d])
+    if x.dim() >= 4:  # same values on [pre, n, post] / [pre, m, post]
+        return gather(_flat3(x, dim), 1, _flat3(index, dim)).reshape(index.shape)
+    hot = _one_hot(index, dim, n)                           # [..., m, n, ...]
+    picked = torch.where(hot, x.unsqueeze(dim), torch.zeros((), dtype=x.dtype))
     return picked.sum(dim + 1)
 
 
@@ -50,6 +61,13 @@ def _scatter(x, dim, index, src):
     n = x.shape[dim]
     if any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != dim):
         raise NotImplementedError("scatter with an index smaller than self outside dim")
+    if isinstance(src, torch.Tensor):  # only src's leading [*index.shape] block is used
+        for d in range(src.dim()):
+            if src.shape[d] != index.shape[d]:
+                src = src.narrow(d, 0, index.shape[d])
+    if x.dim() >= 4:  # same values on [pre, n, post] (see _flat3)
+        src3 = _flat3(src, dim) if isinstance(src, torch.Tensor) else src
+        return _scatter(_flat3(x, dim), 1, _flat3(index, dim), src3).reshape(x.shape)
     hot = _one_hot(index, dim, n)                           # [..., m, n, ...]
     hit = hot.to(torch.float32).sum(dim) > 0                # [..., n, ...]: counts are exact in float
     if not isinstance(src, torch.Tensor):
@@ -57,8 +75,6 @@ def _scatter(x, dim, index, src):
             return torch.logical_or(x, hit) if src else torch.logical_and(x, torch.logical_not(hit))
         return torch.where(hit, torch.full((), src, dtype=x.dtype), x)
     acc = x.dtype if x.is_floating_point() else torch.float32
-    if tuple(src.shape) != tuple(index.shape):
-        src = src.narrow(dim, 0, index.shape[dim])
     vals = torch.where(hot, src.to(acc).unsqueeze(dim + 1), torch.zeros((), dtype=acc)).sum(dim)
     return torch.where(hit, vals.to(x.dtype), x)
 
