@@ -5,7 +5,9 @@
   constant index tensors (wrapped at compile time) and run-time ones (wrapped with
   ``idx + size * (idx < 0)``);
 - integer sums: onert has no int64 SUM, so it must be a clear error, not a wrong answer;
-- ``clamp`` with a dynamic batch.
+- ``clamp`` with a dynamic batch;
+- transposes of non-float tensors: onert 0.1.0's TRANSPOSE runs only float32 and int32
+  (XLNet's ``input_ids.transpose(0, 1)`` failed at run time).
 """
 from __future__ import annotations
 
@@ -73,3 +75,20 @@ def test_clamp_with_dynamic_batch():
     for rows in (3, 6):
         x = torch.randn(rows, 7, generator=torch.Generator().manual_seed(rows))
         assert torch.allclose(torch.as_tensor(cm.run(x)[0]), model(x), **TOL)
+
+
+IDS = torch.randint(0, 2**40, (1, 8), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("fn, inp", [
+    (lambda ids: ids.transpose(0, 1) * 3, IDS),                      # XLNet: only a size-1 dim moves
+    (lambda x: (x > 0).permute(2, 0, 3, 1), X4),                        # bool: through int32
+    (lambda x: (x > 0).transpose(0, 1).float() * x.transpose(0, 1), X2),
+], ids=["int64_size1_dims", "bool_permute", "bool_transpose"])
+def test_transpose_of_types_onert_cannot_transpose(fn, inp):
+    assert_onert_matches_eager(Fn(fn), (inp,), **TOL)
+
+
+def test_int64_transpose_is_a_clear_error():
+    with pytest.raises(circle_fx.UnsupportedOpError, match="TRANSPOSE runs only float32 and int32"):
+        circle_fx.export(Fn(lambda ids: ids.transpose(0, 1) * 2), (IDS.reshape(2, 4),))

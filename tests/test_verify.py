@@ -244,6 +244,24 @@ def test_bad_transpose_perm(good):
     assert_problem(mutate(good, f), "TRANSPOSE", "not a permutation")
 
 
+def test_transpose_of_int64_is_refused(good):
+    """onert 0.1.0 fails such a TRANSPOSE at run time (XLNet's input_ids.transpose)."""
+    def f(m, sg):
+        _, tr = first_op(m, sg, "TRANSPOSE")
+        for t in (tr.inputs[0], tr.outputs[0]):
+            sg.tensors[t].type = circle.TensorType.TensorType.INT64
+    assert_problem(mutate(good, f), "TRANSPOSE", "INT64", "FLOAT32 and INT32 only")
+
+
+def test_5d_reduce_is_refused(good):
+    """onert 0.1.0 refuses it at session preparation (ShapeValidator)."""
+    def f(m, sg):
+        _, r = first_op(m, sg, "SUM")
+        x = sg.tensors[r.inputs[0]]
+        x.shape = np.array([1, 1] + list(x.shape), dtype=np.int32)  # 3-D -> 5-D
+    assert_problem(mutate(good, f), "SUM", "input rank 5", "at most 4-D")
+
+
 def test_fc_in_features_mismatch(good):
     def f(m, sg):
         _, fc = first_op(m, sg, "FULLY_CONNECTED")

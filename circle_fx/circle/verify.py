@@ -507,8 +507,15 @@ def _reshape(c: _Checker, op: OperatorView):
     return None
 
 
+#: TRANSPOSE inputs onert 0.1.0 fails on at run time ("Transpose: unsupported data type")
+_NO_TRANSPOSE = {TT.INT64, TT.BOOL, TT.INT8}
+
+
 def _transpose(c: _Checker, op: OperatorView):
     x = c.dims(op.inputs[0])
+    src = c.cf.tensors[op.inputs[0]]
+    if src.type in _NO_TRANSPOSE and src.quantization is None:
+        return f"input type {src.type_name}: onert 0.1.0's TRANSPOSE runs FLOAT32 and INT32 only"
     perm = c.const_ints(op.inputs[1])
     if perm is None:
         raise _Skip()
