@@ -353,7 +353,8 @@ def is_rms_norm_module(module: torch.nn.Module) -> bool:
 
 def build(model_type: str, model_class: str) -> torch.nn.Module:
     """The tiny random model, norm scales perturbed away from ones/zeros (a dropped or
-    wrongly applied norm weight must change the output)."""
+    wrongly applied norm weight must change the output), and constant weight matrices made
+    random (:func:`break_ties`)."""
     import transformers
 
     config = tiny_config(model_type, model_class)
@@ -371,7 +372,22 @@ def build(model_type: str, model_class: str) -> torch.nn.Module:
             w = getattr(m, "weight", None)
             if is_rms_norm_module(m) and isinstance(w, torch.Tensor) and w.ndim == 1:
                 w.add_(0.2 * torch.randn(w.shape, generator=gen))
+    break_ties(model, gen)
     return model
+
+
+def break_ties(model: torch.nn.Module, gen: torch.Generator) -> list[str]:
+    """Give every constant floating weight matrix (all elements equal) random values; return
+    their names. transformers zero-initialises some router gates (Afmoe's), so every expert
+    scores the same and the experts top-k picks depend on how the runtime breaks ties
+    (torch's CPU topk and onert's differ; docs/onert-findings.md), not on the model."""
+    names = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and p.ndim >= 2 and p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+                names.append(name)
+    return names
 
 
 def example_inputs(model=None) -> tuple[torch.Tensor]:

@@ -117,3 +117,20 @@ def test_multimodal_wrapper_names_the_row_of_its_text_decoder():
     fams = {f.model_type: f for f in hf.enumerate_families()}
     assert "`gemma3_text` row" in fams["gemma3"].skip
     assert all(fams[f].skip is None for f in ("llama4", "mllama", "emu3", "fuyu", "dots3_note"))
+
+
+def test_zero_initialised_router_gets_random_weights_and_matches():
+    """transformers zero-initialises Afmoe's router gate: every expert scored 0.5, torch's topk
+    and circle_fx's (ARG_MAX, lowest index first) broke the tie differently and the logits
+    differed by 0.12. ``hf.build`` makes constant weight matrices random (real routers have no
+    exact ties); then the family matches eager."""
+    torch.set_num_threads(1)
+    model = hf.build("afmoe", "AfmoeForCausalLM")
+    gates = [n for n, p in model.named_parameters() if n.endswith("router.gate.weight")]
+    assert gates and all(float(model.get_parameter(n).abs().max()) > 0 for n in gates)
+    ids = hf.example_inputs(model)
+    ref, executed = hf.eager_with_norm_calls(model, ids)
+    cm = circle_fx.export(model, ids, example_kwargs=hf.example_kwargs(model), verbose=False)
+    assert cm.op_histogram()["RMS_NORM"] == executed == 13
+    out = cm.run(*ids)[0]
+    np.testing.assert_allclose(out, ref.detach().numpy(), rtol=RTOL, atol=ATOL)
