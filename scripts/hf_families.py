@@ -423,15 +423,25 @@ def computes_rms_norm(module: torch.nn.Module, args, out) -> bool:
 
 def eager_with_norm_calls(model, ids) -> tuple[torch.Tensor, int]:
     """Eager logits and how many times RMSNorm modules ran (forward hooks): modules named
-    RMSNorm, and leaf modules named ``...Norm`` whose output is an RMSNorm of their input."""
+    RMSNorm, and leaf modules named ``...Norm`` whose output is an RMSNorm of their input.
+    A norm module whose forward runs another counted norm module is a wrapper (AXK2's
+    ``GatedRMSNorm``: ``y = RMSNorm(x); y * sigmoid(mlp(y))``): only the inner norm counts."""
     calls = [0]
+    inner: list[int] = []  # per norm call in progress: counted norm calls made inside it
+
+    def pre(mod, args):
+        inner.append(0)
 
     def hook(mod, args, out):
-        if is_rms_norm_module(mod) or computes_rms_norm(mod, args, out):
-            calls[0] += 1
+        nested = inner.pop()
+        counted = nested == 0 and (is_rms_norm_module(mod) or computes_rms_norm(mod, args, out))
+        calls[0] += counted
+        if inner:
+            inner[-1] += nested + counted
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if is_rms_norm_module(m) or ("Norm" in type(m).__name__ and not list(m.children()))]
+    mods = [m for m in model.modules()
+            if is_rms_norm_module(m) or ("Norm" in type(m).__name__ and not list(m.children()))]
+    handles = [m.register_forward_pre_hook(pre) for m in mods] + [m.register_forward_hook(hook) for m in mods]
     try:
         with torch.no_grad():
             out = model(*ids, **example_kwargs(model))

@@ -134,3 +134,48 @@ def test_zero_initialised_router_gets_random_weights_and_matches():
     assert cm.op_histogram()["RMS_NORM"] == executed == 13
     out = cm.run(*ids)[0]
     np.testing.assert_allclose(out, ref.detach().numpy(), rtol=RTOL, atol=ATOL)
+
+
+class TinyRMSNorm(torch.nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+class TinyGatedRMSNorm(torch.nn.Module):
+    """AXK2's spelling: a module named ...RMSNorm wrapping the norm, then a sigmoid gate."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.norm, self.gate = TinyRMSNorm(d), torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return y * torch.sigmoid(self.gate(y))
+
+
+class _GatedNormLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.gated, self.final = torch.nn.Embedding(32, 16), TinyGatedRMSNorm(), TinyRMSNorm()
+        self.head = torch.nn.Linear(16, 32, bias=False)
+
+    def forward(self, input_ids):
+        return (self.head(self.final(self.gated(self.emb(input_ids)))),)
+
+
+def test_a_norm_wrapping_a_norm_counts_once():
+    """AXK2 listed 12 RMSNorm calls for 9 RMS_NORM ops: its 3 GatedRMSNorm wrappers were
+    counted besides the RMSNorm inside them. The wrapper's output (norm * gate) is no
+    RMSNorm; every norm actually computed fuses."""
+    model = _GatedNormLM().eval()
+    ids = (torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(1)),)
+    ref, executed = hf.eager_with_norm_calls(model, ids)
+    assert executed == 2
+    cm = circle_fx.export(model, ids, verbose=False)
+    assert cm.op_histogram()["RMS_NORM"] == executed
+    np.testing.assert_allclose(cm.run(*ids)[0], ref.detach().numpy(), rtol=RTOL, atol=ATOL)
