@@ -38,17 +38,16 @@ _VIA_INT32 = (torch.bool,)
 
 
 def _transpose(ctx, node, perm):
-    """TRANSPOSE, or RESHAPE when only size-1 dims move (same element order: any dtype, no
-    copy; XLNet's ``input_ids.transpose(0, 1)`` on batch 1). bool goes through int32; other
-    types onert cannot transpose (int64, int8) are refused: no exact route in onert 0.1.0."""
+    """TRANSPOSE for the types onert transposes. Others: RESHAPE when only size-1 dims move
+    (same element order; XLNet's ``input_ids.transpose(0, 1)`` on batch 1), bool through
+    int32, and int64 / int8 are refused: onert 0.1.0 offers no exact route."""
     x = node.args[0]
-    dims = ctx.dims(x)
-    if [p for p in perm if dims[p] != 1] == [d for d in range(len(dims)) if dims[d] != 1] and dims.count(-1) <= 1:
-        reshape(ctx, node)
-        return
-    dtype = ctx.dtype(x)
+    dtype, dims = ctx.dtype(x), ctx.dims(x)
     if dtype in _TRANSPOSE_TYPES or ctx.quantization(x) is not None:
         ctx.op(BO.TRANSPOSE, [ctx.tensor(x), ctx.int_const(perm, "perm")], [ctx.output(node)])
+        return
+    if [p for p in perm if dims[p] != 1] == [d for d in range(len(dims)) if dims[d] != 1] and dims.count(-1) <= 1:
+        reshape(ctx, node)
         return
     if dtype not in _VIA_INT32:
         raise ctx.error(f"transposing a {dtype} tensor {dims} with perm {perm}: onert 0.1.0's TRANSPOSE runs only "
