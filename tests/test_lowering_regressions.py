@@ -92,3 +92,18 @@ def test_transpose_of_types_onert_cannot_transpose(fn, inp):
 def test_int64_transpose_is_a_clear_error():
     with pytest.raises(circle_fx.UnsupportedOpError, match="TRANSPOSE runs only float32 and int32"):
         circle_fx.export(Fn(lambda ids: ids.transpose(0, 1) * 2), (IDS.reshape(2, 4),))
+
+
+A5 = torch.randn(1, 3, 5, 2, 6, generator=torch.Generator().manual_seed(3))
+B5 = torch.randn(1, 3, 5, 2, 6, generator=torch.Generator().manual_seed(4))
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda a, b: (a < b).float() + (a >= b).float() * 2, (A5, B5)),         # same shape
+    (lambda a, b: (a > b[:, :1, :, :, :1]).float(), (A5, B5)),               # broadcast in two places
+    (lambda a, b: torch.where(a != b[..., :1, :], a, b), (A5, B5)),
+], ids=["lt_ge_same_shape", "gt_broadcast", "ne_where"])
+def test_5d_comparisons(fn, inputs):
+    """onert 0.1.0's 5-D LESS / GREATER / NOT_EQUAL ... return wrong booleans with no error;
+    the lowering merges dims to rank <= 4 first."""
+    assert_onert_matches_eager(Fn(fn), inputs, **TOL)
