@@ -262,6 +262,21 @@ def test_5d_reduce_is_refused(good):
     assert_problem(mutate(good, f), "SUM", "input rank 5", "at most 4-D")
 
 
+def test_5d_comparison_is_refused(good):
+    """onert 0.1.0 returns wrong booleans for it, with no error."""
+    def f(m, sg):
+        for t in sg.tensors:
+            if m.buffers[t.buffer].data is None and len(t.shape) == 3:
+                t.shape = np.array([1, 1] + list(t.shape), dtype=np.int32)
+        code = len(m.operatorCodes)
+        m.operatorCodes.append(circle.OperatorCode.OperatorCodeT())
+        m.operatorCodes[-1].builtinCode = m.operatorCodes[-1].deprecatedBuiltinCode = BO.LESS
+        _, add = first_op(m, sg, "ADD")
+        add.opcodeIndex, add.builtinOptionsType, add.builtinOptions = code, 0, None
+        sg.tensors[add.outputs[0]].type = circle.TensorType.TensorType.BOOL
+    assert_problem(mutate(good, f), "LESS", "rank 5", "at most 4-D")
+
+
 def test_fc_in_features_mismatch(good):
     def f(m, sg):
         _, fc = first_op(m, sg, "FULLY_CONNECTED")

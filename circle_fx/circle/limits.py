@@ -16,6 +16,9 @@ STRIDED_SLICE = 5
 ELEMENTWISE = 6
 #: SELECT_V2 with a broadcasting operand (scalar, lower rank, size-1 dim): wrong values at rank 5-6
 SELECT_V2_BROADCAST = 4
+#: LESS / GREATER / EQUAL / NOT_EQUAL ...: wrong booleans, no error, at rank 5 (shapes equal or not)
+COMPARISON = 4
+COMPARISONS = frozenset({"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL"})
 
 
 def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -> int:
@@ -23,4 +26,6 @@ def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -
     computed correctly with operands of these dims."""
     if name == "SELECT_V2" and any(list(d) != list(output_dims) for d in input_dims):
         return SELECT_V2_BROADCAST
+    if name in COMPARISONS:
+        return COMPARISON
     return ELEMENTWISE

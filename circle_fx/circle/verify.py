@@ -396,7 +396,7 @@ def _rank_limit(op: OperatorView, ins: list[Dims], out: Dims) -> str | None:
     return None
 
 
-_COMPARISONS = {"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL"}
+_COMPARISONS = limits.COMPARISONS
 
 
 def _types(c: _Checker, op: OperatorView) -> str | None:
