@@ -6,8 +6,6 @@ promotion so Circle kernels always see matching input types.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.fx as fx
 
@@ -138,50 +136,7 @@ _COMPARE = {
 def compare(ctx, node):
     a, b = node.args[0], node.args[1]
     dt = compute_dtype(node, a, b)
-    ins = [operand(ctx, a, dt), operand(ctx, b, dt)]
-    if ctx.rank(node) > 4:
-        _compare_merged(ctx, _COMPARE[node.target], ins, ctx.output(node))
-        return
-    ctx.op(_COMPARE[node.target], ins, [ctx.output(node)])
-
-
-def _compare_merged(ctx, code, ins, out):
-    """onert 0.1.0 compares 5-D tensors WRONGLY (LESS / GREATER / NOT_EQUAL ... give wrong
-    booleans, no error; docs/onert-findings.md): neighbouring dims that broadcast alike in
-    both operands are merged (a RESHAPE, free) so the comparison runs on <= 4 dims."""
-    out_dims = ctx.tensor_dims(out)
-    rank = len(out_dims)
-    padded = [[1] * (rank - len(d)) + d for d in (ctx.tensor_dims(i) for i in ins)]
-
-    def kind(d):  # per operand: full size, or broadcast (1); a size-1 output dim fits any group
-        return None if out_dims[d] == 1 else tuple(p[d] == out_dims[d] for p in padded)
-
-    groups: list[list[int]] = []
-    for d in range(rank):
-        k = kind(d)
-        prev = next((kind(e) for e in reversed(groups[-1]) if kind(e) is not None), None) if groups else None
-        if groups and (k is None or prev is None or k == prev):
-            groups[-1].append(d)
-        else:
-            groups.append([d])
-    if len(groups) > 4:
-        raise ctx.error(f"comparing {rank}-D tensors {padded}: onert 0.1.0 compares rank 5 wrongly and these "
-                        "dims do not merge into 4")
-
-    def merged(sizes):
-        return [-1 if any(sizes[d] == -1 for d in g) else math.prod(sizes[d] for d in g) for g in groups]
-
-    flat_ins = []
-    for i, p in zip(ins, padded):
-        if not ctx.tensor_dims(i):  # a scalar broadcasts at any rank
-            flat_ins.append(i)
-            continue
-        t = ctx.new_tensor(merged(p), ctx.tensor_dtype(i), "merged")
-        ctx.op(BO.RESHAPE, [i, ctx.shape_operand(merged(p))], [t])
-        flat_ins.append(t)
-    tmp = ctx.new_tensor(merged(out_dims), torch.bool, "compared")
-    ctx.op(code, flat_ins, [tmp])
-    ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(out_dims)], [out])
+    ctx.op(_COMPARE[node.target], [operand(ctx, a, dt), operand(ctx, b, dt)], [ctx.output(node)])
 
 
 _LOGICAL = {
