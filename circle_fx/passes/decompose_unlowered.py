@@ -1,7 +1,9 @@
 """The general fallback for ops the emitter cannot lower: decompose them into ops it can.
 
 For every ``call_function`` whose target has no lowering (``emit.registry.lowering_for``),
-look up a decomposition, in this order:
+or whose lowering refuses this form of it (``decompositions.REFUSED_FORMS``: softmax over
+another axis than the last...; the form's own decomposition is used), look up a
+decomposition, in this order:
 
 1. circle_fx's own (:mod:`circle_fx.passes.decompositions`): ops torch does not decompose
    (``gather``, ``scatter``, ``full_like``...), written in ops onert runs;
@@ -31,6 +33,7 @@ from torch.fx.node import map_arg
 from ..emit.registry import lowering_for
 from ..fx_utils import input_dependent, make_node, val
 from ..program import add_constant
+from .decompositions import REFUSED_FORMS
 
 aten = torch.ops.aten
 
@@ -57,14 +60,27 @@ class _Restricted(dict):
                 if isinstance(op, torch._ops.OpOverload) and lowering_for(op) is None and _takes_tensor(op):
                     self[op] = fn
 
-    def lookup(self, op):
-        """The decomposition for one op: from the tables, else its CompositeImplicit body."""
+    def lookup(self, op, node: fx.Node | None = None):
+        """The decomposition for one op (for ``node``, whose form its lowering may refuse):
+        from the tables, else its CompositeImplicit body."""
+        if node is not None and _refused(node):
+            return REFUSED_FORMS[op][1]
         if not isinstance(op, torch._ops.OpOverload) or lowering_for(op) is not None:
             return None
         fn = self.get(op)
         if fn is None and op._can_decompose():
             fn = op.decompose
         return fn
+
+
+def _refused(n: fx.Node) -> bool:
+    """``n``'s op has a lowering that refuses this form of it."""
+    form = REFUSED_FORMS.get(n.target)
+    return form is not None and form[0](n)
+
+
+def _unlowered(n: fx.Node) -> bool:
+    return n.op == "call_function" and (lowering_for(n.target) is None or _refused(n))
 
 
 def _takes_tensor(op) -> bool:
@@ -85,7 +101,7 @@ def _trace(node: fx.Node, table: _Restricted) -> fx.GraphModule | None:
     inputs = list(node.all_input_nodes)
     if not all(_static(val(i)) for i in inputs) or not _outputs_static(node):
         return None  # traced shapes would be baked in; dynamic dims stay unsupported
-    fn = table.lookup(node.target)
+    fn = table.lookup(node.target, node)
     if fn is None:
         return None
 
@@ -113,8 +129,7 @@ def _outputs_static(node) -> bool:
 def _lowerable(gm: fx.GraphModule) -> bool:
     """Every op that computes from the inputs has a lowering (the others fold to constants)."""
     live = input_dependent(gm.graph)
-    return all(n.op != "call_function" or n not in live or lowering_for(n.target) is not None
-               for n in gm.graph.nodes)
+    return not any(n in live and _unlowered(n) for n in gm.graph.nodes)
 
 
 def _inline(program, node: fx.Node, gm: fx.GraphModule) -> bool:
@@ -198,8 +213,7 @@ def _flat_nodes(args, kwargs) -> list:
 def decompose_unlowered(program, max_rounds: int = 4) -> bool:
     """Decompose every input-dependent node without a lowering; True if the graph changed."""
     live = input_dependent(program.gm.graph)
-    if not any(n.op == "call_function" and n in live and lowering_for(n.target) is None
-               for n in program.gm.graph.nodes):
+    if not any(n in live and _unlowered(n) for n in program.gm.graph.nodes):
         return False  # the common case: every op lowers, no table needed
     table = _Restricted(_tables())
     cache: dict = {}
@@ -209,7 +223,7 @@ def decompose_unlowered(program, max_rounds: int = 4) -> bool:
         live = input_dependent(g)
         round_changed = False
         for n in list(g.nodes):
-            if n.op != "call_function" or n not in live or lowering_for(n.target) is not None:
+            if n not in live or not _unlowered(n):
                 continue
             key = _key(n)
             if key is None or key not in cache:

@@ -13,6 +13,12 @@ must itself have a lowering (or depend on no input, and fold to a constant).
 - ``*_like`` / ``new_*`` factories: the result depends only on the (static) shape, so they
   become ``full`` (a constant after folding); ``empty`` variants are zeros.
 - ``copy(x, src)``: the value is ``src`` cast and broadcast to ``x``'s shape.
+
+:data:`REFUSED_FORMS` covers ops that *have* a lowering but not for some of their forms:
+the lowering refuses them (softmax over another axis than the last, a sum with an int64
+result) or onert 0.1.0 cannot run what it would emit (SELECT_V2 on integer or bool
+tensors: "Select: unsupported data type"). A node in such a form is decomposed like an op
+without a lowering, into forms that lower and run.
 """
 from __future__ import annotations
 
@@ -201,6 +207,90 @@ def flip(x, dims):
         n = x.shape[dim]
         x = torch.index_select(x, dim, torch.arange(n - 1, -1, -1))
     return x
+
+
+def _softmax_on_last_axis(fn):
+    """``softmax`` / ``log_softmax`` over any axis: onert's SOFTMAX reduces the last axis,
+    so the axis is moved there and back (two TRANSPOSEs); a dtype change (``dtype=`` or
+    ``half_to_float``) becomes a cast of the input, which is what torch computes."""
+    def decomposed(x, dim, dtype=None):
+        if isinstance(dtype, torch.dtype):
+            x = x.to(dtype)
+        elif dtype is True:
+            x = x.float()
+        d = dim % max(x.dim(), 1)
+        if d == x.dim() - 1:
+            return fn(x, -1)
+        # contiguous: later ``view``s of the result (eager runs of the graph) need torch's strides
+        return fn(x.transpose(d, -1), -1).transpose(d, -1).contiguous()
+    return decomposed
+
+
+#: integer dtypes torch promotes to int64 in a sum, with their largest magnitude
+_SMALL_INTS = {torch.bool: 1, torch.uint8: 255, torch.int8: 128, torch.int16: 1 << 15}
+
+
+def _sum_in_int32(x, dim=None, keepdim=False, *, dtype=None):
+    """A sum with an int64 result of a bool or small-integer tensor (``(ids != pad).sum(-1)``:
+    a count) as an int32 SUM cast to int64. onert 0.1.0 has no int64 SUM kernel; int32 is
+    exact because :func:`_narrow_sum` only admits sums whose bound fits in int32."""
+    dims = list(range(x.dim())) if dim is None or len(dim) == 0 else list(dim)
+    return x.to(torch.int32).sum(dims, keepdim, dtype=torch.int32).to(torch.int64)
+
+
+def _narrow_sum(node) -> bool:
+    """An int64-result sum that :func:`_sum_in_int32` computes exactly: every term is at most
+    ``_SMALL_INTS[dtype]`` in magnitude and there are few enough of them."""
+    x, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or out.dtype != torch.int64:
+        return False
+    if x.dtype not in _SMALL_INTS or not all(isinstance(d, int) for d in x.shape):
+        return False
+    terms = max(x.numel(), 1) // max(out.numel(), 1)
+    return terms * _SMALL_INTS[x.dtype] < 2**31
+
+
+def _softmax_elsewhere(node) -> bool:
+    """A softmax the lowering refuses: not over the last axis, or with a dtype change."""
+    x, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    return node.args[1] % max(x.dim(), 1) != x.dim() - 1 or out.dtype != x.dtype
+
+
+def _where_not_float(cond, a, b):
+    """``where`` on integer or bool values without SELECT_V2 (onert 0.1.0 runs it on float
+    only): ``b + (a - b) * cond`` in the result dtype, exact (modulo 2**bits, the integer
+    arithmetic wraps and wraps back); bool values as ``(cond & a) | (~cond & b)``."""
+    dt = torch.result_type(a, b)
+    a = a.to(dt) if isinstance(a, torch.Tensor) else torch.full((), a, dtype=dt)
+    b = b.to(dt) if isinstance(b, torch.Tensor) else torch.full((), b, dtype=dt)
+    if dt == torch.bool:
+        return torch.logical_or(torch.logical_and(cond, a), torch.logical_and(torch.logical_not(cond), b))
+    return b + (a - b) * cond.to(dt)
+
+
+def _not_float(node) -> bool:
+    out = node.meta.get("val")
+    return isinstance(out, torch.Tensor) and not out.is_floating_point() and not out.is_complex()
+
+
+_softmax = _softmax_on_last_axis(torch.softmax)
+_log_softmax = _softmax_on_last_axis(torch.log_softmax)
+
+#: op -> (does its lowering refuse this node?, decomposition into forms it takes)
+REFUSED_FORMS = {
+    aten.sum.dim_IntList: (_narrow_sum, _sum_in_int32),
+    aten.sum.default: (_narrow_sum, lambda x, *, dtype=None: _sum_in_int32(x)),
+    aten.softmax.int: (_softmax_elsewhere, _softmax),
+    aten._softmax.default: (_softmax_elsewhere, _softmax),
+    aten.log_softmax.int: (_softmax_elsewhere, _log_softmax),
+    aten._log_softmax.default: (_softmax_elsewhere, _log_softmax),
+    aten.where.self: (_not_float, _where_not_float),
+    aten.where.ScalarSelf: (_not_float, _where_not_float),
+    aten.where.ScalarOther: (_not_float, _where_not_float),
+    aten.where.Scalar: (_not_float, _where_not_float),
+}
 
 
 DECOMPOSITIONS = {

@@ -5,10 +5,16 @@ cos/sin tables and the whole causal-mask construction (``cumsum``, ``diff``, ``i
 ``le``...), none of which need to exist on device; it also turns Gemma's ``1 + weight``
 into a plain weight so the RMSNorm fusion sees an ordinary constant.
 
+Ops with several results (``unbind``, ``split``, ``chunk`` of a weight: DeepSeek-V4's
+``self.scale.unbind(0)``) fold too when every use is a ``getitem``: each read result
+becomes its own constant.
+
 One forward sweep, O(nodes). Results that are much larger than their inputs (a broadcast
 of a small constant into a huge one) are left unfolded so weights do not bloat.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx as fx
@@ -21,6 +27,13 @@ from .base import Pass
 _GROWTH_LIMIT = 1 << 20
 
 
+def _is_tuple_of_tensors(n: fx.Node) -> bool:
+    """A multi-result op whose results are only read through ``getitem``."""
+    v = n.meta.get("val")
+    return (isinstance(v, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in v)
+            and bool(n.users) and all(u.target is operator.getitem for u in n.users))
+
+
 def _is_foldable(n: fx.Node) -> bool:
     if n.op != "call_function":
         return False
@@ -31,7 +44,8 @@ def _is_foldable(n: fx.Node) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is not None and (schema.is_mutable or any(a.alias_info and a.alias_info.is_write for a in schema.arguments)):
         return False
-    if not isinstance(n.meta.get("val"), torch.Tensor):
+    v = n.meta.get("val")
+    if not isinstance(v, torch.Tensor) and not _is_tuple_of_tensors(n):
         return False
     inputs = n.all_input_nodes
     return all(i.op == "get_attr" for i in inputs)
@@ -50,26 +64,38 @@ class FoldConstants(Pass):
             args = map_arg(n.args, lambda a: fetch_attr(gm, a.target))
             kwargs = map_arg(n.kwargs, lambda a: fetch_attr(gm, a.target))
             biggest = max((fetch_attr(gm, a.target).numel() for a in n.all_input_nodes), default=0)
-            if n.meta["val"].numel() > max(_GROWTH_LIMIT, biggest):
+            v = n.meta["val"]
+            if sum(t.numel() for t in (v if isinstance(v, (tuple, list)) else [v])) > max(_GROWTH_LIMIT, biggest):
                 continue
             try:
                 with torch.no_grad():
                     result = n.target(*args, **kwargs)
             except Exception:
                 continue  # leave it to the emitter, which reports unsupported ops properly
-            if not isinstance(result, torch.Tensor):
+            if isinstance(result, torch.Tensor):
+                n.replace_all_uses_with(_constant(gm, n, result, args, n.name))
+            elif isinstance(result, (tuple, list)) and isinstance(v, (tuple, list)) and len(result) == len(v):
+                for user in list(n.users):
+                    i = user.args[1]
+                    user.replace_all_uses_with(_constant(gm, user, result[i], args, user.name))
+                    g.erase_node(user)
+            else:
                 continue
-            if result._base is not None or any(result.data_ptr() == a.data_ptr() for a in _tensors(args)):
-                result = result.clone()  # never alias model weights
-            name = add_constant(gm, result.contiguous(), n.name)
-            with g.inserting_before(n):
-                c = g.get_attr(name)
-            c.meta.update(n.meta)
-            c.meta["val"] = result
-            n.replace_all_uses_with(c)
             g.erase_node(n)
             changed = True
         return changed
+
+
+def _constant(gm, n: fx.Node, result: torch.Tensor, args, name: str) -> fx.Node:
+    """A ``get_attr`` holding ``result``, inserted before ``n`` and carrying its meta."""
+    if result._base is not None or any(result.data_ptr() == a.data_ptr() for a in _tensors(args)):
+        result = result.clone()  # never alias model weights
+    name = add_constant(gm, result.contiguous(), name)
+    with gm.graph.inserting_before(n):
+        c = gm.graph.get_attr(name)
+    c.meta.update(n.meta)
+    c.meta["val"] = result
+    return c
 
 
 def _tensors(args):

@@ -45,11 +45,15 @@ def index(ctx, node):
     axis, idx = given[0]
     if ctx.dtype(idx) == torch.bool:
         raise ctx.error("boolean-mask indexing has a data-dependent shape and is not supported")
-    src = ctx.tensor(x) if src is None else src
     # onert 0.1.0 GATHER: "unsupported input data type" for bool and int64 tables. bool goes
-    # through int32; so do int64 positions and counts (bounded by a dim's size: exact)
+    # through int32; so do int64 positions and counts (bounded by a dim's size: exact), and
+    # int64 constant tables whose values fit (DeepSeek-V4's token -> expert hash table)
+    table = _int32_table(ctx, x) if src is None else None
+    if table is not None:
+        src = ctx.const_tensor(table, "table32")
     narrow = ctx.dtype(x) == torch.bool or (ctx.dtype(x) == torch.int64 and _counts_positions(x))
-    work = torch.int32 if narrow else ctx.dtype(node)
+    src = ctx.tensor(x) if src is None else src
+    work = torch.int32 if narrow or table is not None else ctx.dtype(node)
     if narrow:
         small = ctx.new_tensor(dims, torch.int32, "positions32", hint)
         ctx.op(BO.CAST, [src], [small])
@@ -68,6 +72,14 @@ def index(ctx, node):
         picked = grown
     if picked != out:
         ctx.op(BO.CAST, [picked], [out])
+
+
+def _int32_table(ctx, x) -> torch.Tensor | None:
+    """``x`` as an int32 tensor when it is an int64 constant whose values all fit in int32."""
+    t = ctx.constant(x) if ctx.dtype(x) == torch.int64 else None
+    if t is None or (t.numel() and (int(t.min()) < -2**31 or int(t.max()) >= 2**31)):
+        return None
+    return t.to(torch.int32)
 
 
 def _same(a, b) -> bool:

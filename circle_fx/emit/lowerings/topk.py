@@ -6,6 +6,13 @@ a constant iota + SELECT_V2) and the rounds are concatenated: exact, already sor
 (largest first), and cheap for the small k of MoE routers (k <= 8 typically). Ties go
 to the lowest index, as ARG_MAX picks the first. Smallest-k and ``min`` negate first.
 Index outputs are only computed when something reads them.
+
+A row may hold fewer than k values above -inf (scores masked with -inf: DeepSeek-V4's
+indexer). Masking a picked -inf with -inf changes nothing, so the next ARG_MAX would pick it
+again (indices [0, 0] for [0.5, -inf]). With k > 1 the input is therefore first raised to
+at least -FLT_MAX (MAXIMUM), so a picked position is always below every unpicked one, and
+-FLT_MAX values come back as -inf at the end: exact, except that a value of exactly
+-FLT_MAX ties with -inf (and is returned as -inf).
 """
 from __future__ import annotations
 
@@ -77,6 +84,12 @@ def topk(ctx, node):
     col = shape[:-1] + [1]
     iota = ctx.const(np.arange(n, dtype=np.int64), "iota")
     ninf = ctx.const(np.array(-np.inf, dtype=numpy_dtype(dt)), "ninf")
+    lowest = None
+    if k > 1 and dt.is_floating_point:  # see the module docstring: -inf rows
+        lowest = ctx.const(np.array(torch.finfo(dt).min, dtype=numpy_dtype(dt)), "lowest")
+        raised = ctx.new_tensor(shape, dt, "raised")
+        ctx.op(BO.MAXIMUM, [cur, lowest], [raised])
+        cur = raised
     vals, idxs = [], []
     for j in range(k):
         v = ctx.new_tensor(col, dt, f"v{j}")
@@ -96,7 +109,12 @@ def topk(ctx, node):
         cur = masked
     if values is not None:
         out = values if largest else ctx.new_tensor(ctx.dims(node, item=0), dt, "negtop")
-        _concat(ctx, vals, out, axis)
+        top = out if lowest is None else ctx.new_tensor(ctx.dims(node, item=0), dt, "top")
+        _concat(ctx, vals, top, axis)
+        if lowest is not None:  # -FLT_MAX was -inf
+            was_inf = ctx.new_tensor(ctx.dims(node, item=0), torch.bool, "was_inf")
+            ctx.op(BO.EQUAL, [top, lowest], [was_inf])
+            ctx.op(BO.SELECT_V2, [was_inf, ninf, top], [out])
         if out != values:
             ctx.op(BO.NEG, [out], [values])
     if indices is not None:

@@ -1,0 +1,108 @@
+"""Forms of ops that have a lowering but that the lowering refuses or onert 0.1.0 gets wrong,
+each written the way a transformers family writes it, run in onert against eager:
+
+- constant multi-result ops (``self.scale.unbind(0)``: DeepSeek-V4) fold per result;
+- softmax over another axis than the last (DeepSeek-V4's compressor gate), a sum of a bool
+  tensor (``(ids != pad).sum(-1)``: XLM, CPM-Ant), ``where`` on integers or bools (DeepSeek-V4's
+  indexer): decomposed (``decompositions.REFUSED_FORMS``);
+- a gather from an int64 constant table (DeepSeek-V4's token -> expert hash): int32 table;
+- 5-D reductions and comparisons (onert rejects the first and computes the second wrongly):
+  merged to at most 4 axes;
+- ``topk`` on rows with fewer than k finite values (indices must stay distinct).
+
+Tolerance 1e-5: transposes and reshapes move values exactly; integer results compare exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+from circle_fx.emit.registry import lowering_for
+from circle_fx.errors import UnsupportedOpError
+from circle_fx.passes.decompositions import REFUSED_FORMS
+
+from onert_eager import Fn, assert_onert_matches_eager
+
+aten = torch.ops.aten
+INF = float("inf")
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+class Unbind(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(_randn(3, 4, seed=7))
+
+    def forward(self, x):
+        a, b, c = self.scale.unbind(0)
+        return x * a + b * c
+
+
+class HashTable(torch.nn.Module):
+    """An int64 token -> expert table read with the ids (DeepSeek-V4's hash routing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("tid2eid", torch.randint(0, 4, (16, 2), generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, ids):
+        return self.tid2eid[ids]
+
+
+IDS = torch.tensor([[3, 0, 15, 7, 7, 2]])
+
+CASES = {
+    "unbind_weight": (Unbind(), [_randn(2, 4)]),
+    "softmax_axis_2_of_4d": (Fn(lambda x: x.softmax(dim=2) * 2), [_randn(1, 3, 4, 5)]),
+    "softmax_axis_1_dtype": (Fn(lambda x: torch.softmax(x, 1, dtype=torch.float32)), [_randn(2, 6, 3)]),
+    "log_softmax_axis_0": (Fn(lambda x: torch.log_softmax(x, 0)), [_randn(5, 3)]),
+    "sum_bool_int64": (Fn(lambda x: ((x > 0).sum(-1), (x > 0).sum(), (x < 0).sum(1, keepdim=True))), [_randn(2, 6, 5)]),
+    "where_int64": (Fn(lambda x: torch.where(x > 0, torch.tensor([[5, -1, 2**40]]), (x * 10).long())), [_randn(4, 3)]),
+    "where_int32_scalar": (Fn(lambda x: torch.where(x > 0, (x * 7).int(), -1)), [_randn(4, 3)]),
+    "where_bool": (Fn(lambda x: torch.where(x > 0, x < 0.5, x < -0.5)), [_randn(4, 3)]),
+    "int64_constant_table": (HashTable(), [IDS]),
+    "sum_5d_middle_axis": (Fn(lambda x: x.sum(dim=2) + x.mean(dim=(2, 3)).unsqueeze(2)), [_randn(1, 2, 3, 4, 5)]),
+    "compare_5d_broadcast": (Fn(lambda i: (i.unsqueeze(-1) == torch.arange(3)).float().sum(-2)),
+                             [torch.tensor([[[[0, 2], [1, 1]], [[2, 0], [0, 1]]]])]),
+    "lt_5d_same_shape": (Fn(lambda x, y: x < y), [_randn(1, 2, 3, 2, 2), _randn(1, 2, 3, 2, 2, seed=1)]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_refused_form_matches_eager(name):
+    module, inputs = CASES[name]
+    assert_onert_matches_eager(module, inputs, rtol=1e-5, atol=1e-5)
+
+
+def test_refused_forms_have_lowerings():
+    """The cases exercise the refused-form route, not the plain no-lowering one."""
+    for op in REFUSED_FORMS:
+        assert lowering_for(op) is not None, op
+
+
+def test_five_d_comparison_that_cannot_merge_is_refused():
+    """Merging would need 5 axes: an error naming the op, not a silently wrong file."""
+    a = torch.randint(0, 2, (2, 1, 2, 1, 2), generator=torch.Generator().manual_seed(0))
+    b = torch.randint(0, 2, (1, 2, 1, 2, 1), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(UnsupportedOpError, match="5-D comparison"):
+        circle_fx.export(Fn(lambda a, b: a == b), (a, b))
+
+
+def test_topk_rows_with_fewer_finite_values_than_k_give_distinct_indices():
+    """Rows masked with -inf (DeepSeek-V4's indexer scores): the values match eager and the
+    indices are k distinct positions holding them (torch orders tied -inf positions as it
+    likes, so the tied indices themselves are not compared). Before: [0.5, -inf] gave [0, 0]."""
+    mask = torch.tensor([[False, True, False, True], [True, True, True, False], [True, True, True, True]])
+    x = _randn(3, 4).masked_fill(mask, -INF)
+    cm = circle_fx.export(Fn(lambda x: torch.topk(x, 3, dim=-1)), (x,))
+    values, indices = cm.run(x)
+    expected = torch.topk(x, 3, dim=-1).values.numpy()
+    np.testing.assert_array_equal(values, expected)
+    for r in range(3):
+        assert len(set(indices[r].tolist())) == 3, indices
+        np.testing.assert_array_equal(x.numpy()[r][indices[r]], expected[r])
