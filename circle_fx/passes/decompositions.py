@@ -209,6 +209,20 @@ def flip(x, dims):
     return x
 
 
+def unfold(x, dim, size, step):
+    """``x.unfold(dim, size, step)`` (sliding windows: Inkling2's short convolution reads
+    ``context.unfold(-1, K, 1)``) as one GATHER of the window positions along ``dim`` (a
+    constant index), a RESHAPE to ``[..., windows, size, ...]`` and a move of the window
+    axis to the end, where torch puts it. Exact: values are only moved."""
+    if x.dim() == 0:
+        return NotImplemented
+    d = dim % x.dim()
+    n = (x.shape[d] - size) // step + 1
+    index = (torch.arange(n).unsqueeze(1) * step + torch.arange(size)).reshape(-1)
+    windows = torch.index_select(x, d, index).reshape(*x.shape[:d], n, size, *x.shape[d + 1:])
+    return windows.movedim(d + 1, -1)
+
+
 def _softmax_on_last_axis(fn):
     """``softmax`` / ``log_softmax`` over any axis: onert's SOFTMAX reduces the last axis,
     so the axis is moved there and back (two TRANSPOSEs); a dtype change (``dtype=`` or
@@ -294,6 +308,7 @@ REFUSED_FORMS = {
 
 
 DECOMPOSITIONS = {
+    aten.unfold.default: unfold,
     aten.repeat.default: repeat,
     aten.log1p.default: log1p,
     aten.flip.default: flip,

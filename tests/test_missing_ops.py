@@ -1,5 +1,6 @@
-"""Forms of ops that have a lowering but that the lowering refuses or onert 0.1.0 gets wrong,
-each written the way a transformers family writes it, run in onert against eager:
+"""Ops and op forms transformers families (docs/model-support.md) failed on, each written the
+way the family writes it, run in onert against eager. Forms of ops that have a lowering but
+that the lowering refused or onert 0.1.0 gets wrong:
 
 - constant multi-result ops (``self.scale.unbind(0)``: DeepSeek-V4) fold per result;
 - softmax over another axis than the last (DeepSeek-V4's compressor gate), a sum of a bool
@@ -8,7 +9,11 @@ each written the way a transformers family writes it, run in onert against eager
 - a gather from an int64 constant table (DeepSeek-V4's token -> expert hash): int32 table;
 - 5-D reductions and comparisons (onert rejects the first and computes the second wrongly):
   merged to at most 4 axes;
-- ``topk`` on rows with fewer than k finite values (indices must stay distinct).
+- ``topk`` on rows with fewer than k finite values (indices must stay distinct);
+- ``const @ x`` (onert refuses a constant BATCH_MATMUL LHS: Inkling2's learned query).
+
+Ops without a lowering, decomposed (``decompositions.DECOMPOSITIONS``): ``unfold`` (Inkling2's
+short convolution windows).
 
 Tolerance 1e-5: transposes and reshapes move values exactly; integer results compare exactly.
 """
@@ -54,6 +59,7 @@ class HashTable(torch.nn.Module):
         return self.tid2eid[ids]
 
 
+QUERY = _randn(8, seed=9)
 IDS = torch.tensor([[3, 0, 15, 7, 7, 2]])
 
 CASES = {
@@ -69,6 +75,10 @@ CASES = {
     "sum_5d_middle_axis": (Fn(lambda x: x.sum(dim=2) + x.mean(dim=(2, 3)).unsqueeze(2)), [_randn(1, 2, 3, 4, 5)]),
     "compare_5d_broadcast": (Fn(lambda i: (i.unsqueeze(-1) == torch.arange(3)).float().sum(-2)),
                              [torch.tensor([[[[0, 2], [1, 1]], [[2, 0], [0, 1]]]])]),
+    "unfold_conv_windows": (Fn(lambda x: x.unfold(-1, 3, 1).flip(-1).transpose(1, 2) * 2), [_randn(2, 4, 6)]),
+    "unfold_step_2_middle_dim": (Fn(lambda x: x.unfold(1, 2, 2) + 1), [_randn(2, 5, 3)]),
+    "constant_lhs_matmul": (Fn(lambda x: torch.matmul(QUERY.view(-1, 8).expand(1, 2, 1, 8), x.transpose(-1, -2))),
+                            [_randn(1, 2, 3, 8)]),
     "lt_5d_same_shape": (Fn(lambda x, y: x < y), [_randn(1, 2, 3, 2, 2), _randn(1, 2, 3, 2, 2, seed=1)]),
 }
 
