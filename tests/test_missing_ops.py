@@ -9,6 +9,8 @@ that the lowering refused or onert 0.1.0 gets wrong:
 - a gather from an int64 constant table (DeepSeek-V4's token -> expert hash): int32 table;
 - 5-D reductions and comparisons (onert rejects the first and computes the second wrongly):
   merged to at most 4 axes;
+- integer ``&`` / ``|`` of 0/1 flags, ``cat`` / slices / ``expand`` of bool tensors (CPM-Ant, XLM:
+  onert's CONCATENATION, STRIDED_SLICE and BROADCAST_TO have no bool kernel);
 - ``topk`` on rows with fewer than k finite values (indices must stay distinct);
 - ``const @ x`` (onert refuses a constant BATCH_MATMUL LHS: Inkling2's learned query).
 
@@ -59,6 +61,7 @@ class HashTable(torch.nn.Module):
         return self.tid2eid[ids]
 
 
+CONTEXT = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0]], dtype=torch.int32)
 QUERY = _randn(8, seed=9)
 IDS = torch.tensor([[3, 0, 15, 7, 7, 2]])
 
@@ -79,6 +82,10 @@ CASES = {
     "unfold_step_2_middle_dim": (Fn(lambda x: x.unfold(1, 2, 2) + 1), [_randn(2, 5, 3)]),
     "constant_lhs_matmul": (Fn(lambda x: torch.matmul(QUERY.view(-1, 8).expand(1, 2, 1, 8), x.transpose(-1, -2))),
                             [_randn(1, 2, 3, 8)]),
+    "int_and_or_of_flags": (Fn(lambda x: (CONTEXT | (x > 0)) & (x < 1)), [_randn(2, 4)]),   # CPM-Ant's mask
+    "cat_bools": (Fn(lambda x: torch.cat((torch.ones(2, 1, dtype=torch.bool), x > 0), dim=1)), [_randn(2, 4)]),
+    "slice_bools": (Fn(lambda x: (x > 0)[:, 1:3] & (x < 1)[:, ::2]), [_randn(2, 4)]),
+    "expand_bools": (Fn(lambda x: (x > 0).view(2, 1, 4).expand(2, 3, 4)), [_randn(2, 4)]),
     "lt_5d_same_shape": (Fn(lambda x, y: x < y), [_randn(1, 2, 3, 2, 2), _randn(1, 2, 3, 2, 2, seed=1)]),
 }
 

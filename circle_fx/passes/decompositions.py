@@ -289,6 +289,64 @@ def _not_float(node) -> bool:
     return isinstance(out, torch.Tensor) and not out.is_floating_point() and not out.is_complex()
 
 
+def _flags(a) -> bool:
+    """``a`` (an operand node or number) holds only 0 and 1: a bool tensor, a bool cast to
+    another dtype, or a constant whose values are all 0 or 1."""
+    from ..fx_utils import CAST_OPS
+    from ..program import fetch_attr
+
+    if isinstance(a, (bool, int)):
+        return a in (0, 1)
+    v = a.meta.get("val") if hasattr(a, "meta") else None
+    if not isinstance(v, torch.Tensor):
+        return False
+    if v.dtype == torch.bool:
+        return True
+    if a.op == "call_function" and a.target in CAST_OPS:
+        src = a.args[0].meta.get("val") if hasattr(a.args[0], "meta") else None
+        return isinstance(src, torch.Tensor) and src.dtype == torch.bool
+    if a.op == "get_attr":
+        t = fetch_attr(a.graph.owning_module, a.target)
+        return bool(((t == 0) | (t == 1)).all())
+    return False
+
+
+def _bitwise_on_flags(node) -> bool:
+    """An integer ``&`` / ``|`` whose operands are all 0/1 flags (CPM-Ant builds its mask as
+    ``int32_context | bool_mask``): the lowering takes bool tensors only."""
+    out = node.meta.get("val")
+    return (isinstance(out, torch.Tensor) and out.dtype != torch.bool and not out.is_floating_point()
+            and all(_flags(a) for a in node.args[:2]))
+
+
+def _as_logical(fn):
+    """``&`` / ``|`` of 0/1 flags, computed on bools and cast back: exact for flags."""
+    def decomposed(a, b):
+        dt = torch.result_type(a, b)
+        a = a != 0 if isinstance(a, torch.Tensor) else bool(a)
+        b = b != 0 if isinstance(b, torch.Tensor) else bool(b)
+        if not isinstance(a, torch.Tensor):
+            a, b = b, a
+        return fn(a, torch.full((), b) if not isinstance(b, torch.Tensor) else b).to(dt)
+    return decomposed
+
+
+def _is_bool(node) -> bool:
+    out = node.meta.get("val")
+    return isinstance(out, torch.Tensor) and out.dtype == torch.bool
+
+
+def _cat_bools(tensors, dim=0):
+    """``cat`` of bool tensors (onert 0.1.0's CONCATENATION has no bool kernel: "Concat:
+    unsupported data type") through int32, back to bool with ``!= 0``: exact."""
+    return torch.cat([t.to(torch.int32) for t in tensors], dim) != 0
+
+
+def _slice_bools(x, dim=0, start=None, end=None, step=1):
+    """A slice of a bool tensor (onert 0.1.0's STRIDED_SLICE has no bool kernel) through int32."""
+    return aten.slice.Tensor(x.to(torch.int32), dim, start, end, step) != 0
+
+
 _softmax = _softmax_on_last_axis(torch.softmax)
 _log_softmax = _softmax_on_last_axis(torch.log_softmax)
 
@@ -300,6 +358,12 @@ REFUSED_FORMS = {
     aten._softmax.default: (_softmax_elsewhere, _softmax),
     aten.log_softmax.int: (_softmax_elsewhere, _log_softmax),
     aten._log_softmax.default: (_softmax_elsewhere, _log_softmax),
+    aten.__and__.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_and)),
+    aten.bitwise_and.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_and)),
+    aten.__or__.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
+    aten.bitwise_or.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
+    aten.cat.default: (_is_bool, _cat_bools),
+    aten.slice.Tensor: (_is_bool, _slice_bools),
     aten.where.self: (_not_float, _where_not_float),
     aten.where.ScalarSelf: (_not_float, _where_not_float),
     aten.where.ScalarOther: (_not_float, _where_not_float),

@@ -98,6 +98,13 @@ def expand(ctx, node):
         r = ctx.new_tensor(padded, ctx.dtype(node), "rank")
         ctx.op(BO.RESHAPE, [x, ctx.int_const(padded)], [r])
         x = r
+        src = padded
+    if ctx.dtype(node) == torch.bool:
+        # onert 0.1.0's BROADCAST_TO has no bool kernel ("BroadcastToLayer: unsupported data
+        # type"): OR with a False constant of the repeated sizes broadcasts instead
+        zeros = ctx.const(np.zeros([o if s == 1 else 1 for s, o in zip(src, out)], np.bool_), "broadcast")
+        ctx.op(BO.LOGICAL_OR, [x, zeros], [ctx.output(node)])
+        return
     ctx.op(BO.BROADCAST_TO, [x, ctx.int_const(out)], [ctx.output(node)])
 
 
