@@ -6,7 +6,8 @@ that the lowering refused or onert 0.1.0 gets wrong:
 - softmax over another axis than the last (DeepSeek-V4's compressor gate), a sum of a bool
   tensor (``(ids != pad).sum(-1)``: XLM, CPM-Ant), ``where`` on integers or bools (DeepSeek-V4's
   indexer): decomposed (``decompositions.REFUSED_FORMS``);
-- a gather from an int64 constant table (DeepSeek-V4's token -> expert hash): int32 table;
+- a gather from an int64 constant table (DeepSeek-V4's token -> expert hash, RoBERTa's token
+  type row): an int32 table; ``gather`` from one row is one GATHER;
 - 5-D reductions and comparisons (onert rejects the first and computes the second wrongly):
   merged to at most 4 axes;
 - integer ``&`` / ``|`` of 0/1 flags, ``cat`` / slices / ``expand`` of bool tensors (CPM-Ant, XLM:
@@ -63,6 +64,17 @@ class HashTable(torch.nn.Module):
 
 CONTEXT = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0]], dtype=torch.int32)
 QUERY = _randn(8, seed=9)
+class RowGather(torch.nn.Module):
+    """RoBERTa: ``torch.gather(buffered_token_type_ids [1, max_len] int64, 1, position_ids)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("row", torch.randint(0, 3, (1, 16), generator=torch.Generator().manual_seed(2)))
+
+    def forward(self, ids):
+        return torch.gather(self.row, 1, ids) * 2, torch.gather(self.row.float(), 1, ids)
+
+
 IDS = torch.tensor([[3, 0, 15, 7, 7, 2]])
 
 CASES = {
@@ -75,6 +87,7 @@ CASES = {
     "where_int32_scalar": (Fn(lambda x: torch.where(x > 0, (x * 7).int(), -1)), [_randn(4, 3)]),
     "where_bool": (Fn(lambda x: torch.where(x > 0, x < 0.5, x < -0.5)), [_randn(4, 3)]),
     "int64_constant_table": (HashTable(), [IDS]),
+    "gather_one_row_int64": (RowGather(), [IDS]),
     "sum_5d_middle_axis": (Fn(lambda x: x.sum(dim=2) + x.mean(dim=(2, 3)).unsqueeze(2)), [_randn(1, 2, 3, 4, 5)]),
     "compare_5d_broadcast": (Fn(lambda i: (i.unsqueeze(-1) == torch.arange(3)).float().sum(-2)),
                              [torch.tensor([[[[0, 2], [1, 1]], [[2, 0], [0, 1]]]])]),

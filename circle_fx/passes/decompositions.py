@@ -5,7 +5,7 @@ Each is plain torch code on static shapes, traced with ``make_fx``; every op it 
 must itself have a lowering (or depend on no input, and fold to a constant).
 
 - ``gather`` / ``scatter`` along a dim: onert 0.1.0 has no GATHER_ND / SCATTER_ND, so they
-  are written as a one-hot comparison against ``arange`` (a constant) plus a select and a
+  are written (unless ``x`` is a single row: one GATHER) as a one-hot comparison against ``arange`` (a constant) plus a select and a
   sum. Exact (``where`` picks values, the sum adds zeros), also for infinities; costs
   ``index.numel() * size(dim)`` elements, fine for routers and small index sets. Inputs of
   rank >= 4 are flattened to ``[before, dim, after]`` first, since the one-hot adds an axis
@@ -47,6 +47,10 @@ def _flat3(t: torch.Tensor, dim: int) -> torch.Tensor:
 def gather(x, dim, index, sparse_grad=False):
     dim %= max(x.dim(), 1)
     n = x.shape[dim]
+    if all(s == 1 for d, s in enumerate(x.shape) if d != dim):
+        # one row to read from (RoBERTa's buffered token type ids ``[1, max_len]``): a plain
+        # GATHER of the flattened row, any dtype (int64 constant tables go through int32)
+        return x.reshape(-1)[index.reshape(-1)].reshape(index.shape)
     if index.shape[:dim] != x.shape[:dim] or index.shape[dim + 1:] != x.shape[dim + 1:]:
         for d in range(x.dim()):
             if d != dim and index.shape[d] != x.shape[d]:
