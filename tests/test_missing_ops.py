@@ -15,8 +15,11 @@ that the lowering refused or onert 0.1.0 gets wrong:
 - ``topk`` on rows with fewer than k finite values (indices must stay distinct);
 - ``const @ x`` (onert refuses a constant BATCH_MATMUL LHS: Inkling2's learned query).
 
+- ``constant_pad_nd`` with negative amounts (RWKV's time shift crops): slices, then a pad.
+
 Ops without a lowering, decomposed (``decompositions.DECOMPOSITIONS``): ``unfold`` (Inkling2's
-short convolution windows).
+short convolution windows); an einsum of non-contiguous views (ProphetNet: the decomposition
+is traced on examples strided like the graph's values).
 
 Tolerance 1e-5: transposes and reshapes move values exactly; integer results compare exactly.
 """
@@ -75,6 +78,13 @@ class RowGather(torch.nn.Module):
         return torch.gather(self.row, 1, ids) * 2, torch.gather(self.row.float(), 1, ids)
 
 
+def _ngram_einsum(q, k):
+    """ProphetNet: an einsum (decomposed) of permuted, non-contiguous views."""
+    q = q.view(2, 8, 2, 2, 4).permute(0, 2, 3, 1, 4)
+    k = k.view(2, 8, 2, 2, 4).permute(0, 2, 3, 1, 4)
+    return torch.einsum("bnhtc,bnhsc->bnhts", (q, k))
+
+
 IDS = torch.tensor([[3, 0, 15, 7, 7, 2]])
 
 CASES = {
@@ -99,6 +109,9 @@ CASES = {
     "cat_bools": (Fn(lambda x: torch.cat((torch.ones(2, 1, dtype=torch.bool), x > 0), dim=1)), [_randn(2, 4)]),
     "slice_bools": (Fn(lambda x: (x > 0)[:, 1:3] & (x < 1)[:, ::2]), [_randn(2, 4)]),
     "expand_bools": (Fn(lambda x: (x > 0).view(2, 1, 4).expand(2, 3, 4)), [_randn(2, 4)]),
+    "time_shift_crop_pad": (torch.nn.ZeroPad2d((0, 0, 1, -1)), [_randn(1, 5, 4)]),          # RWKV
+    "crop_both_ends": (Fn(lambda x: torch.nn.functional.pad(x, (-1, 2, -2, 0), value=3.0)), [_randn(2, 5, 4)]),
+    "einsum_of_permuted_views": (Fn(_ngram_einsum), [_randn(2, 8, 16), _randn(2, 8, 16, seed=1)]),
     "lt_5d_same_shape": (Fn(lambda x, y: x < y), [_randn(1, 2, 3, 2, 2), _randn(1, 2, 3, 2, 2, seed=1)]),
 }
 

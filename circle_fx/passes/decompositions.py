@@ -351,6 +351,24 @@ def _slice_bools(x, dim=0, start=None, end=None, step=1):
     return aten.slice.Tensor(x.to(torch.int32), dim, start, end, step) != 0
 
 
+def _crops(node) -> bool:
+    """``constant_pad_nd`` with a negative amount (a crop; RWKV's time shift
+    ``ZeroPad2d((0, 0, 1, -1))``): PAD takes no negative amounts."""
+    return any(p < 0 for p in node.args[1])
+
+
+def _crop_then_pad(x, pad, value=0.0):
+    """The negative amounts as slices, then the positive ones as a constant pad: the same
+    elements in the same places (a crop at one end and a pad at the other commute)."""
+    grow = []
+    for i in range(0, len(pad), 2):
+        d = x.dim() - 1 - i // 2
+        lo, hi = pad[i], pad[i + 1]
+        x = x[(slice(None),) * d + (slice(max(-lo, 0), x.shape[d] - max(-hi, 0)),)]
+        grow += [max(lo, 0), max(hi, 0)]
+    return torch.constant_pad_nd(x, grow, value) if any(grow) else x.clone()
+
+
 _softmax = _softmax_on_last_axis(torch.softmax)
 _log_softmax = _softmax_on_last_axis(torch.log_softmax)
 
@@ -366,6 +384,7 @@ REFUSED_FORMS = {
     aten.bitwise_and.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_and)),
     aten.__or__.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
     aten.bitwise_or.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
+    aten.constant_pad_nd.default: (_crops, _crop_then_pad),
     aten.cat.default: (_is_bool, _cat_bools),
     aten.slice.Tensor: (_is_bool, _slice_bools),
     aten.where.self: (_not_float, _where_not_float),
