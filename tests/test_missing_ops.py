@@ -4,8 +4,7 @@ that the lowering refused or onert 0.1.0 gets wrong:
 
 - constant multi-result ops (``self.scale.unbind(0)``: DeepSeek-V4) fold per result;
 - softmax over another axis than the last (DeepSeek-V4's compressor gate), a sum of a bool
-  tensor (``(ids != pad).sum(-1)``: XLM, CPM-Ant), ``where`` on integers or bools (DeepSeek-V4's
-  indexer): decomposed (``decompositions.REFUSED_FORMS``);
+  tensor (``(ids != pad).sum(-1)``: XLM, CPM-Ant): decomposed (``decompositions.REFUSED_FORMS``);
 - a gather from an int64 constant table (DeepSeek-V4's token -> expert hash, RoBERTa's token
   type row): an int32 table; ``gather`` from one row is one GATHER;
 - 5-D reductions and comparisons (onert rejects the first and computes the second wrongly):
@@ -13,8 +12,7 @@ that the lowering refused or onert 0.1.0 gets wrong:
 - integer ``&`` / ``|`` of 0/1 flags, ``cat`` / slices / ``expand`` of bool tensors (CPM-Ant, XLM:
   onert's CONCATENATION, STRIDED_SLICE and BROADCAST_TO have no bool kernel);
 - ``topk`` on rows with fewer than k finite values (indices must stay distinct);
-- ``const @ x`` (onert refuses a constant BATCH_MATMUL LHS: Inkling2's learned query).
-
+- ``const @ x`` (onert refuses a constant BATCH_MATMUL LHS: Inkling2's learned query);
 - ``constant_pad_nd`` with negative amounts (RWKV's time shift crops): slices, then a pad.
 
 Ops without a lowering, decomposed (``decompositions.DECOMPOSITIONS``): ``unfold`` (Inkling2's
@@ -93,9 +91,6 @@ CASES = {
     "softmax_axis_1_dtype": (Fn(lambda x: torch.softmax(x, 1, dtype=torch.float32)), [_randn(2, 6, 3)]),
     "log_softmax_axis_0": (Fn(lambda x: torch.log_softmax(x, 0)), [_randn(5, 3)]),
     "sum_bool_int64": (Fn(lambda x: ((x > 0).sum(-1), (x > 0).sum(), (x < 0).sum(1, keepdim=True))), [_randn(2, 6, 5)]),
-    "where_int64": (Fn(lambda x: torch.where(x > 0, torch.tensor([[5, -1, 2**40]]), (x * 10).long())), [_randn(4, 3)]),
-    "where_int32_scalar": (Fn(lambda x: torch.where(x > 0, (x * 7).int(), -1)), [_randn(4, 3)]),
-    "where_bool": (Fn(lambda x: torch.where(x > 0, x < 0.5, x < -0.5)), [_randn(4, 3)]),
     "int64_constant_table": (HashTable(), [IDS]),
     "gather_one_row_int64": (RowGather(), [IDS]),
     "sum_5d_middle_axis": (Fn(lambda x: x.sum(dim=2) + x.mean(dim=(2, 3)).unsqueeze(2)), [_randn(1, 2, 3, 4, 5)]),

@@ -16,8 +16,8 @@ must itself have a lowering (or depend on no input, and fold to a constant).
 
 :data:`REFUSED_FORMS` covers ops that *have* a lowering but not for some of their forms:
 the lowering refuses them (softmax over another axis than the last, a sum with an int64
-result) or onert 0.1.0 cannot run what it would emit (SELECT_V2 on integer or bool
-tensors: "Select: unsupported data type"). A node in such a form is decomposed like an op
+result) or onert 0.1.0 cannot run what it would emit (CONCATENATION / STRIDED_SLICE of bool
+tensors: "Concat: unsupported data type"). A node in such a form is decomposed like an op
 without a lowering, into forms that lower and run.
 """
 from __future__ import annotations
@@ -276,23 +276,6 @@ def _softmax_elsewhere(node) -> bool:
     return node.args[1] % max(x.dim(), 1) != x.dim() - 1 or out.dtype != x.dtype
 
 
-def _where_not_float(cond, a, b):
-    """``where`` on integer or bool values without SELECT_V2 (onert 0.1.0 runs it on float
-    only): ``b + (a - b) * cond`` in the result dtype, exact (modulo 2**bits, the integer
-    arithmetic wraps and wraps back); bool values as ``(cond & a) | (~cond & b)``."""
-    dt = torch.result_type(a, b)
-    a = a.to(dt) if isinstance(a, torch.Tensor) else torch.full((), a, dtype=dt)
-    b = b.to(dt) if isinstance(b, torch.Tensor) else torch.full((), b, dtype=dt)
-    if dt == torch.bool:
-        return torch.logical_or(torch.logical_and(cond, a), torch.logical_and(torch.logical_not(cond), b))
-    return b + (a - b) * cond.to(dt)
-
-
-def _not_float(node) -> bool:
-    out = node.meta.get("val")
-    return isinstance(out, torch.Tensor) and not out.is_floating_point() and not out.is_complex()
-
-
 def _flags(a) -> bool:
     """``a`` (an operand node or number) holds only 0 and 1: a bool tensor, a bool cast to
     another dtype, or a constant whose values are all 0 or 1."""
@@ -387,10 +370,6 @@ REFUSED_FORMS = {
     aten.constant_pad_nd.default: (_crops, _crop_then_pad),
     aten.cat.default: (_is_bool, _cat_bools),
     aten.slice.Tensor: (_is_bool, _slice_bools),
-    aten.where.self: (_not_float, _where_not_float),
-    aten.where.ScalarSelf: (_not_float, _where_not_float),
-    aten.where.ScalarOther: (_not_float, _where_not_float),
-    aten.where.Scalar: (_not_float, _where_not_float),
 }
 
 
