@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from ..circle.limits import elementwise_max_rank
+from ..errors import UnsupportedOpError
 from .builder import BO, ModelBuilder, OperatorInfo, op_name
 
 #: ops whose inputs broadcast against each other elementwise (unary ops: one input)
@@ -73,7 +74,7 @@ def _fold(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
         else:
             groups.append((pattern, [k]))
     if len(groups) > limit:
-        return None  # cannot fold far enough; verify reports the operator
+        return _refuse(op, out, ins, limit)
 
     def fold(dims):
         return [(-1 if any(dims[k] == -1 for k in ks) else math.prod(dims[k] for k in ks)) for _, ks in groups] or [1]
@@ -86,16 +87,27 @@ def _fold(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
             continue
         sig, shape = fold(p), fold(h)
         if sig.count(-1) > 1:
-            return None
+            return _refuse(op, out, ins, limit)
         new_ins.append(_reshaped(mb, t, sig, shape, new_ops, op.source))
     sig, shape = fold(out), fold(mb.tensors[out_t].shape)
     if sig.count(-1) > 1 or out.count(-1) > 1:
-        return None
+        return _refuse(op, out, ins, limit)
     info = mb.tensors[out_t]
     mid = mb.add_tensor(f"{info.name}/folded", shape, info.type, 0, sig if -1 in sig else None, info.quantization)
     new_ops.append(OperatorInfo(op.code, new_ins, [mid], op.options, op.source))
     new_ops.append(OperatorInfo(BO.RESHAPE, [mid, _shape_const(mb, info.name, out)], [out_t], None, op.source))
     return new_ops
+
+
+def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):
+    """An operator onert would compute wrongly (or crash on) that no RESHAPE brings within its
+    limit: an export-time error naming it and its source line, never a silently wrong file."""
+    name = op_name(op.code)
+    where = f" at {op.source}" if op.source else ""
+    raise UnsupportedOpError(
+        f"a {len(out)}-D {name} of operands {ins}{where}: onert 0.1.0 computes {name} correctly up to "
+        f"rank {limit} only, and these dims do not merge into {limit} (dynamic or alternating broadcasts)",
+        [(name, "", op.source or "")])
 
 
 def _reshaped(mb: ModelBuilder, t: int, sig: list[int], shape: list[int], ops: list, source: str) -> int:

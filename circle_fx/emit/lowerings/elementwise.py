@@ -134,61 +134,9 @@ _COMPARE = {
 
 @lowering(*_COMPARE)
 def compare(ctx, node):
-    """onert 0.1.0's comparisons are silently wrong on 5-D tensors (EQUAL/LESS, broadcast or
-    not, any dtype; 4-D is right), so a comparison above 4-D is computed on a RESHAPE of its
-    operands to at most 4 axes (:func:`merged_axes`), then RESHAPEd back."""
     a, b = node.args[0], node.args[1]
     dt = compute_dtype(node, a, b)
-    code, ta, tb = _COMPARE[node.target], operand(ctx, a, dt), operand(ctx, b, dt)
-    if ctx.rank(node) <= 4:
-        ctx.op(code, [ta, tb], [ctx.output(node)])
-        return
-    out_dims = ctx.dims(node)
-    tensors = [(t, v) for t, v in ((ta, a), (tb, b)) if isinstance(v, fx.Node) and ctx.rank(v) > 0]
-    groups = merged_axes(out_dims, [ctx.dims(v) for _, v in tensors])
-    if groups is None:
-        raise ctx.error(f"a {ctx.rank(node)}-D comparison whose axes do not merge to 4 is not supported "
-                        "(onert 0.1.0 computes 5-D comparisons wrongly)")
-    small = {}
-    for t, v in tensors:
-        dims = [1] * (len(out_dims) - ctx.rank(v)) + ctx.dims(v)
-        shape = [_product(dims[d] for d in g) for g in groups] or [1]
-        r = ctx.new_tensor(shape, dt, "merged", shape)
-        ctx.op(BO.RESHAPE, [t, ctx.shape_operand(shape)], [r])
-        small[t] = r
-    shape = [_product(out_dims[d] for d in g) for g in groups] or [1]
-    res = ctx.new_tensor(shape, torch.bool, "compared", shape)
-    ctx.op(code, [small.get(ta, ta), small.get(tb, tb)], [res])
-    ctx.op(BO.RESHAPE, [res, ctx.shape_operand(out_dims)], [ctx.output(node)])
-
-
-def _product(values) -> int:
-    p = 1
-    for v in values:
-        p *= v
-    return p
-
-
-def merged_axes(out_dims, operand_dims) -> list[list[int]] | None:
-    """The output axes of a broadcasting elementwise op grouped so that each group is one
-    axis of a RESHAPE of every operand (at most 4 groups), or None (dynamic, or no such
-    grouping). Axes of size 1 are dropped; adjacent axes merge when every operand has both
-    at full size or both at 1 (so the merged operands still broadcast)."""
-    if any(d < 0 for d in out_dims) or any(d < 0 for dims in operand_dims for d in dims):
-        return None
-    padded = [[1] * (len(out_dims) - len(dims)) + list(dims) for dims in operand_dims]
-    groups: list[list[int]] = []
-    kinds = None
-    for d, size in enumerate(out_dims):
-        if size == 1:
-            continue
-        kind = tuple(p[d] == 1 for p in padded)
-        if groups and kind == kinds:
-            groups[-1].append(d)
-        else:
-            groups.append([d])
-        kinds = kind
-    return groups if len(groups) <= 4 else None
+    ctx.op(_COMPARE[node.target], [operand(ctx, a, dt), operand(ctx, b, dt)], [ctx.output(node)])
 
 
 _LOGICAL = {
