@@ -36,6 +36,11 @@ FAST = {"glm": "stack/flatten RoPE", "llama4_text": "complex RoPE, scatter route
         "mamba2": "chunked SSD scan (cumsum, segsum, multi-chunk einsums)"}
 
 
+#: families whose tiny random model has small logits: the "outputs are not constant" check
+#: asks for std > this x atol instead of 100 x atol
+MIN_STD_OVER_ATOL = {"inkling_text": 50}
+
+
 def _rows() -> list[dict]:
     with open(TABLE) as fh:
         return json.load(fh)
@@ -86,8 +91,9 @@ def test_family_exports_fuses_and_matches_eager(row):
     assert out.shape == expected.shape
     np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL,
                                err_msg=f"{row['family']}: max abs diff {np.abs(out - expected).max():.3g}")
-    # the comparison can fail: the logits vary well beyond atol (inkling_text's tiny model: std 0.007)
-    assert float(expected.std()) > 10 * ATOL
+    # the comparison can fail: the logits vary far beyond atol (100x; inkling_text's tiny
+    # model has logits of std 0.007, still 70x atol: a wrong model differs by far more)
+    assert float(expected.std()) > MIN_STD_OVER_ATOL.get(row["family"], 100) * ATOL
 
 
 def test_composite_config_builds_the_part_its_causal_lm_takes():
