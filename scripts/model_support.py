@@ -65,7 +65,7 @@ def check(fam: hf.HfFamily) -> dict:
         return {**row, "status": "unsupported", "reason": ("no lowering for " + ", ".join(ops)) if ops
                 else _first_line(e), "ops": ops}
     except CircleFxError as e:
-        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {_first_line(e)}"}
+        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {_first_line(e)}{_where(e)}"}
     except Exception as e:
         return {**row, "status": "failed", "reason": f"{type(e).__name__}: {_first_line(e)}",
                 "trace": traceback.format_exc()[-2000:]}
@@ -90,6 +90,19 @@ def check(fam: hf.HfFamily) -> dict:
 def _first_line(e: BaseException) -> str:
     s = str(e).strip()
     return (s.splitlines()[0] if s else type(e).__name__)[:300]
+
+
+def _where(e: BaseException) -> str:
+    """The model source line circle_fx's error names (``  at File ".../modeling_x.py", line N,
+    in f: code``), shortened to ``(at modeling_x.py:N: code)``, so a capture failure says where."""
+    import re
+
+    for line in str(e).splitlines():
+        m = re.match(r'\s*at File "(?:.*/)?([^"/]+)", line (\d+), in [^\s:]+(?:: (.*))?', line)
+        if m:
+            code = f": `{m.group(3).strip()[:120]}`" if m.group(3) else ""
+            return f" (at {m.group(1)}:{m.group(2)}{code})"
+    return ""
 
 
 def _die_with_parent() -> None:
@@ -224,15 +237,28 @@ def markdown(rows: list[dict]) -> str:
         "   through circle_fx's own table: `gather` / `scatter` (one-hot compare + select + sum: onert",
         "   0.1.0 has no GATHER_ND / SCATTER_ND), `full_like` / `*_like` / `new_*` (constants),",
         "   `copy`, `expm1` (`exp - 1`), `log1p`, `var_mean` / `var`, `flip` (GATHER), `repeat` (CONCATENATION), 1-D",
-        "   `convolution` (`conv1d`: shifted slices, FULLY_CONNECTED or MUL per tap), `linalg_vector_norm`.",
-        "3. **New lowerings**: `constant_pad_nd` -> PAD / PADV2 (`emit/lowerings/pad.py`).",
+        "   `convolution` (`conv1d`, any groups: shifted slices, FULLY_CONNECTED / MUL / BATCH_MATMUL per tap),",
+        "   `linalg_vector_norm`, `unfold` (one GATHER), `gather` from a single row (one GATHER).",
+        "   `REFUSED_FORMS` in the same file decomposes the forms a lowering exists for but onert 0.1.0",
+        "   cannot run: softmax off the last axis, an int64 sum of bools (int32 SUM, exact), integer",
+        "   `&` / `|` of 0/1 flags (logical ops), bool `cat` / `slice` (through int32), negative pads.",
+        "3. **New lowerings**: `constant_pad_nd` -> PAD / PADV2 (`emit/lowerings/pad.py`); integer / bool",
+        "   `where` without SELECT_V2 (onert's runs float only); constant `unbind` / `split` fold per result.",
         "4. **Norm spellings** (`passes/canonicalize_norms.py`): `mean(-1)[..., None]`, `vector_norm * D**-0.5`...",
         "   are brought to the form the RMSNorm fusion matches.",
+        "5. **onert's limits** (`circle/limits.py`, measured in `docs/onert-findings.md`): BATCH_MATMUL and",
+        "   reductions run at rank <= 4, comparisons and broadcasting SELECT_V2 are silently wrong above",
+        "   rank 4. Matmuls of any rank fold their batch dims (`emit/lowerings/_matmul_fold.py`), reductions",
+        "   and slices fold their dims, and `emit/rank_limits.py` folds every elementwise op after lowering",
+        "   (linear-attention and Mamba-2 chunked scans are 5-D); what cannot fold is an export error.",
+        "   A constant matmul LHS (refused by onert) is emitted as `(B^T @ A^T)^T`.",
         "",
-        "Remaining blockers are listed per family below: mostly transformers' default MoE experts",
-        "(token sorting: `sort`, `histc`, `cumsum`, `index_put`, `grouped_mm`; onert 0.1.0 has no CUMSUM),",
-        "state-space / linear-attention scans (`cumsum`, loops over the sequence), and configs that do",
-        "not build generically.",
+        "Families that do not export are listed below with the reason. Most fail inside `torch.export`",
+        "itself: their forward branches on tensor *values* (`nonzero()` loops over the experts hit,",
+        "`.item()`, `.tolist()` split sizes), which no static graph captures; circle_fx does not patch",
+        "models, and transformers offers no export-friendly implementation for these modules (the",
+        "default MoE experts of the other families are switched, see the README). The row names the",
+        "model line.",
         "",
         "| family | class | exported | RMSNorm calls | RMS_NORM ops | max abs diff | reason / note |",
         "|---|---|---|---|---|---|---|",
