@@ -253,6 +253,15 @@ def test_transpose_of_int64_is_refused(good):
     assert_problem(mutate(good, f), "TRANSPOSE", "INT64", "FLOAT32 and INT32 only")
 
 
+def test_rank_7_tensor_is_refused(good):
+    """onert 0.1.0 segfaults on a rank-7 tensor (docs/onert-findings.md, "Ranks above 4")."""
+    def f(m, sg):
+        _, r = first_op(m, sg, "SUM")
+        x = sg.tensors[r.inputs[0]]
+        x.shape = np.array([1, 1, 1, 1] + list(x.shape), dtype=np.int32)  # 3-D -> 7-D
+    assert_problem(mutate(good, f), "rank 7", "crashes")
+
+
 def test_5d_reduce_is_refused(good):
     """onert 0.1.0 refuses it at session preparation (ShapeValidator)."""
     def f(m, sg):

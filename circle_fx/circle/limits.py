@@ -4,6 +4,8 @@ stay within them, ``verify`` reports an operator beyond them.
 """
 from __future__ import annotations
 
+#: any tensor (a model with a rank-7 input crashes onert even when every op on it is folded)
+TENSOR = 6
 #: BATCH_MATMUL: operands of rank 2..4 (5-D: "ShapeValidator failed at line 66")
 BATCH_MATMUL = 4
 #: MEAN / SUM / REDUCE_MAX input (5-D: "ShapeValidator failed at line 304")

@@ -156,6 +156,8 @@ class _Checker:
                 self.bad(f"{where}: buffer index {t.buffer} out of range (0..{len(self.cf.buffers) - 1})")
             if t.dtype is None:
                 self.bad(f"{where}: tensor type {t.type_name} is not one circle_fx emits")
+            if len(t.shape) > limits.TENSOR:
+                self.bad(f"{where}: rank {len(t.shape)}; onert 0.1.0 crashes on tensors of rank > {limits.TENSOR}")
             if any(d < 0 for d in t.shape):
                 self.bad(f"{where}: negative dim in shape {t.shape} (use shape_signature for dynamic dims)")
             sig = t.shape_signature
