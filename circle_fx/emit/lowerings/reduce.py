@@ -32,7 +32,7 @@ def _emit_reduce(ctx, node, code, x, axes, keepdim):
     if code == BO.SUM and ctx.dtype(node) == torch.int64:
         raise ctx.error("a sum with an int64 result (torch sums bool and integer tensors as int64) is not "
                         "supported: onert 0.1.0 has no int64 SUM kernel (it fails to load, or returns garbage "
-                        "when the input is int32); sum as int32 (x.sum(dtype=torch.int32)) or as float")
+                        "when the input is int32); sum an int32 tensor as int32 (x.to(torch.int32).sum(-1, dtype=torch.int32)) or sum as float")
     reduce_into(ctx, code, ctx.tensor(x), x, axes, keepdim, ctx.output(node))
 
 
