@@ -11,7 +11,12 @@ duplicate casts merged); what remains are genuinely different associations of th
    ``rms_weight_on_scale``: ``x * (rsqrt(...) * w)``, weight folded into the scale first;
 3. ``rms_absorb_weight``: ``rms_norm(x) * w`` (through an optional cast) folds the weight
    into an existing fused node — so Llama's cast-before-weight, GPT-OSS's cast-after and
-   Gemma's ``(1 + w)`` (a constant after folding) all end as one node.
+   Gemma's ``(1 + w)`` (a constant after folding) all end as one node;
+4. ``rms_scale_after_linear`` / ``rms_scale_after_matmul``: ``linear(x, W) * rsqrt(mean(x**2) + eps)``
+   (HY-V4's unweighted norm, applied to the mixing projection's output). A bias-free linear
+   commutes with a per-row scale, so this is ``linear(rms_norm(x), W)``. Only when the
+   projection's input is the normalised ``x`` itself, it adds no bias (a bias would be
+   scaled too) and the result keeps the projection's shape and dtype.
 
 ``torch.nn.RMSNorm`` exports as one ``aten.rms_norm`` op: the family owns that mapping
 too (:func:`aten_rms_norm_to_circle`, run by the decompose pass), so the one place that
@@ -59,6 +64,18 @@ def rms_weight_on_scale(x, w, dims, keepdim, eps):
 
 def rms_absorb_weight(x, eps, w):
     return aten.mul.Tensor(optional_cast(rms_norm(x, None, eps)), w)
+
+
+def _scale(x, dims, keepdim, eps):
+    return optional_cast(aten.rsqrt.default(aten.add.Tensor(_variance(x, dims, keepdim), eps)))
+
+
+def rms_scale_after_linear(x, w, b, dims, keepdim, eps):
+    return aten.mul.Tensor(aten.linear.default(x, w, b), _scale(x, dims, keepdim, eps))
+
+
+def rms_scale_after_matmul(x, w, dims, keepdim, eps):
+    return aten.mul.Tensor(aten.matmul.default(x, w), _scale(x, dims, keepdim, eps))
 
 
 # --------------------------------------------------------------------------- checks
@@ -162,6 +179,35 @@ def _check_variance_not_narrowed(m: Match):
     return None
 
 
+def _projection(m: Match) -> fx.Node:
+    return next(n for n in m.nodes if n.target in (aten.linear.default, aten.matmul.default))
+
+
+def _check_no_bias(m: Match):
+    # linear(x, W, b) * s == linear(x * s, W) + b * s: the bias would be scaled too
+    b = m["b"]
+    if b is not None:
+        return f"the linear adds a bias ({describe(b) if isinstance(b, fx.Node) else repr(b)}), " \
+               "which the row scale multiplies too: not linear(rms_norm(x), W)"
+    return None
+
+
+def _check_projection_kept(m: Match):
+    # the scale ([..., 1]) must broadcast along the projection's output only: a 1-D
+    # right-hand side drops the row axis, and a wider scale would change the shape; the
+    # dtypes must agree so the one fused node computes in the graph's precision
+    proj = _projection(m)
+    if shape_of(m.root) != shape_of(proj):
+        return f"the scaled result has shape {list(shape_of(m.root))}, not the projection's {list(shape_of(proj))}"
+    if not (dtype_of(m.root) == dtype_of(proj) == dtype_of(m["x"])):
+        return (f"the projection computes in {dtype_of(proj)} and the result is {dtype_of(m.root)}, "
+                f"the normalised value {dtype_of(m['x'])}: not one precision")
+    for n in m.nodes:
+        if n.target in CAST_OPS and dtype_of(n).itemsize < dtype_of(m["x"]).itemsize:
+            return f"{describe(n)} rounds the scale to {dtype_of(n)}, narrower than the input's {dtype_of(m['x'])}"
+    return None
+
+
 # ----------------------------------------------------------------------- replacement
 
 def _emit_rms(m: Match, graph: fx.Graph, weight) -> fx.Node:
@@ -191,6 +237,12 @@ def _replace_weighted(m, graph):
     return _emit_rms(m, graph, m["w"])
 
 
+def _replace_projection(m, graph):
+    proj, root = _projection(m), m.root
+    normed = make_node(graph, rms_norm, (m["x"], None, _eps_value(m["eps"])), like=root)
+    return make_node(graph, proj.target, (normed,) + tuple(proj.args[1:]), dict(proj.kwargs), like=root)
+
+
 _CORE_CHECKS = (_check_float_input, _check_last_axis, _check_eps, _check_not_centred, _check_variance_not_narrowed)
 #: last on every rule, so the more specific messages above win in ``explain``
 _SOUND_CHECKS = (_check_shape_kept, _check_casts_to_float)
@@ -203,6 +255,10 @@ RULES = [
     Rewrite("rms_norm", Pattern(rms_core), _replace_core, _CORE_CHECKS + _SOUND_CHECKS, produces="rms_norm"),
     Rewrite("rms_norm_weight", Pattern(rms_absorb_weight), _replace_weighted,
             (_check_weight,) + _SOUND_CHECKS, produces="rms_norm"),
+    Rewrite("rms_norm_before_linear", Pattern(rms_scale_after_linear), _replace_projection,
+            _CORE_CHECKS + (_check_no_bias, _check_projection_kept, _check_casts_to_float), produces="rms_norm"),
+    Rewrite("rms_norm_before_matmul", Pattern(rms_scale_after_matmul), _replace_projection,
+            _CORE_CHECKS + (_check_projection_kept, _check_casts_to_float), produces="rms_norm"),
 ]
 """The RMSNorm rules, tried in this order at each candidate root."""
 
