@@ -55,6 +55,8 @@ TINY = dict(
     # GPT-2-style spellings of the same sizes (most configs map them via attribute_map)
     n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=128, d_model=64, ffn_dim=128,
     ffn_hidden_size=128,
+    # CPM-Ant's names for the head and feed-forward sizes
+    dim_head=16, dim_ff=128,
     # the decoder (and encoder) sizes of BART-style configs, which map only the encoder's
     decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=128,
     encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
@@ -73,6 +75,19 @@ TINY = dict(
     # Python loops over huge default lists / dims
     layer_scan_block=1,
 )
+
+
+#: weight-init scales: a family whose *default* init std is above :data:`INIT_STD_MAX` gets
+#: :data:`INIT_STD` (transformers' usual ``initializer_range``). Such a default only makes
+#: sense with a forward that divides by ``sqrt(fan_in)`` (CPM-Live's own ``Linear`` did;
+#: transformers' CPM-Ant port uses plain ``nn.Linear`` with ``init_std=1.0``), so random
+#: weights at that scale multiply activations by ~sqrt(fan_in) per projection: CPM-Ant's tiny
+#: model had attention scores of ~250 and logits that move by 2.8e-4 when every weight is
+#: perturbed by one float32 ulp in float64 arithmetic -- float32 rounding, not a lowering,
+#: then decides the comparison. Families at or below the cap (0.1: MiniCPM3, Mamba) keep theirs.
+INIT_STD_FIELDS = ("init_std", "initializer_range")
+INIT_STD_MAX = 0.1
+INIT_STD = 0.02
 
 
 #: the few config classes (by ``model_type``, else class name) that need more than the generic shrinking:
@@ -215,13 +230,16 @@ def config_class_for(cls, model_class: str | None):
 
 
 def _tiny(cls):
-    """``cls``'s defaults, shrunk: :data:`TINY` sizes, one layer per layer kind, literal
+    """``cls``'s defaults, shrunk: :data:`TINY` sizes, a sane init scale (:data:`INIT_STD_MAX`),
+    one layer per layer kind, literal
     per-layer lists cut to the kept layers, sub-configs (a composite's ``text_config``, DBRX's
     ``attn_config``/``ffn_config``) shrunk the same way, then the family's :data:`OVERRIDES`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         default = cls()
         kwargs = {k: v for k, v in TINY.items() if _has_attr(default, k)}
+        kwargs.update({k: INIT_STD for k in INIT_STD_FIELDS
+                       if isinstance(getattr(default, k, None), float) and getattr(default, k) > INIT_STD_MAX})
         if "qk_rope_head_dim" in kwargs and "head_dim" in kwargs:
             kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary dims are the "head_dim"
         if "kv_lora_rank" in kwargs and "num_key_value_heads" in kwargs:

@@ -33,7 +33,9 @@ TABLE = os.path.join(ROOT, "docs", "model-support.json")
 FAST = {"glm": "stack/flatten RoPE", "llama4_text": "complex RoPE, scatter router",
         "lfm2": "conv1d short convolution", "apertus": "xIELU (min.other, expm1)",
         "mamba": "selective-scan loop, constant-lhs matmul",
-        "mamba2": "chunked SSD scan (cumsum, segsum, multi-chunk einsums)"}
+        "mamba2": "chunked SSD scan (cumsum, segsum, multi-chunk einsums)",
+        "hy_v4": "unweighted RMSNorm applied after a linear (rms_norm_before_linear)",
+        "cpmant": "default init std 1.0 capped (INIT_STD_MAX)"}
 
 
 #: families whose tiny random model has small logits: the "outputs are not constant" check
@@ -103,6 +105,16 @@ def test_composite_config_builds_the_part_its_causal_lm_takes():
     assert type(hf.tiny_config("musicgen", "MusicgenForCausalLM")).__name__ == "MusicgenDecoderConfig"
     fuyu = hf.tiny_config("fuyu", "FuyuForCausalLM")  # takes the composite: its text part is shrunk
     assert fuyu.text_config.hidden_size == hf.TINY["hidden_size"]
+
+
+def test_huge_default_init_scale_is_capped_and_others_kept():
+    """CPM-Ant's default ``init_std=1.0`` (plain ``nn.Linear``, no 1/sqrt(fan_in) in forward)
+    made the tiny model's logits move by 2.8e-4 under one-ulp weight noise: it gets the usual
+    0.02. Families at or below the cap keep their own scale."""
+    cpm = hf.tiny_config("cpmant", "CpmAntForCausalLM")
+    assert cpm.init_std == hf.INIT_STD and cpm.dim_head == hf.TINY["dim_head"] and cpm.dim_ff == hf.TINY["dim_ff"]
+    assert hf.tiny_config("minicpm3", "MiniCPM3ForCausalLM").initializer_range == 0.1
+    assert hf.tiny_config("llama", "LlamaForCausalLM").initializer_range == 0.02
 
 
 def test_tiny_value_a_validator_names_reverts_to_the_default():
