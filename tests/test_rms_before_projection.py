@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, event, given, note, settings
@@ -152,10 +153,23 @@ def test_every_flaw_and_the_positive_case_in_onert():
         test_projection_cases_in_onert.hypothesis.inner_test(case)
 
 
-def test_explain_names_the_bias_check():
-    model, x = ProjCase(flaw="bias").build()
+@pytest.mark.parametrize("case, rule, check, words", [
+    (ProjCase(flaw="bias"), "rms_norm_before_linear", "_check_no_bias", "adds a bias"),
+    (ProjCase(flaw="axis"), "rms_norm_before_linear", "_check_last_axis", "not the last axis"),
+    (ProjCase(flaw="narrow_scale"), "rms_norm_before_linear", "_check_projection_kept", "rounds the scale"),
+    (ProjCase(kind="matmul", flaw="vector_rhs", shape=(5, 16)), "rms_norm_before_matmul",
+     "_check_projection_kept", "not the projection's [5]"),
+    (ProjCase(flaw="other_x"), "rms_norm_before_linear", None, "'x' must be one value"),
+], ids=["bias", "axis", "narrow_scale", "vector_rhs", "other_x"])
+def test_explain_names_the_failed_condition(case, rule, check, words):
+    model, x = case.build()
     result = circle_fx.explain(model, (x,))
     assert result.fused == [] and len(result.entries) == 1, result.format()
     entry = result.entries[0]
-    assert entry.check == "_check_no_bias" and "bias" in entry.reason, entry.format()
-    assert entry.rule == "rms_norm_before_linear", entry.format()
+    assert (entry.rule, entry.check) == (rule, check) and words in entry.reason, entry.format()
+
+
+def test_explain_reports_the_fused_rule():
+    model, x = ProjCase(kind="matmul").build()
+    result = circle_fx.explain(model, (x,))
+    assert result.entries == [] and [f.rules for f in result.fused] == [["rms_norm_before_matmul"]], result.format()
