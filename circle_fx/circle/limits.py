@@ -31,3 +31,42 @@ def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -
     if name in COMPARISONS:
         return COMPARISON
     return ELEMENTWISE
+
+
+# ------------------------------------------------------------------ element types
+#: Element types onert 0.1.0's data-movement kernels run, per operator: ``op -> (positions of
+#: the data inputs, None = all; type names)``. Measured on [2,4] inputs, every type tried
+#: (FLOAT32, INT32, INT64, BOOL, INT8), exact where listed; the others fail at run time
+#: ("StridedSlice: unsupported data type", "Slice: ...", "Gather: unsupported input data
+#: type", ...) or, for REDUCE_MAX, at prepare (docs/onert-findings.md, "Element types").
+#: ``emit/type_limits.py`` routes other types through an exact carrier; verify reports them.
+ELEMENT_TYPES: dict[str, tuple[tuple[int, ...] | None, frozenset[str]]] = {
+    "STRIDED_SLICE": ((0,), frozenset({"FLOAT32", "INT32", "INT64"})),
+    "SPLIT": ((1,), frozenset({"FLOAT32", "INT32", "INT64"})),
+    "CONCATENATION": (None, frozenset({"FLOAT32", "INT32", "INT64", "INT8"})),
+    "SLICE": ((0,), frozenset({"FLOAT32"})),
+    "BROADCAST_TO": ((0,), frozenset({"FLOAT32", "INT32"})),
+    "TRANSPOSE": ((0,), frozenset({"FLOAT32", "INT32"})),
+    "GATHER": ((0,), frozenset({"FLOAT32", "INT32"})),
+    "TILE": ((0,), frozenset({"FLOAT32"})),
+    "PAD": ((0,), frozenset({"FLOAT32", "INT8"})),
+    "REDUCE_MAX": ((0,), frozenset({"FLOAT32", "INT32"})),
+}
+#: the types the table was measured on: other types (UINT8, INT16...) and quantized tensors are
+#: left to the lowerings that emit them (the quantized-weights paths, measured separately)
+MEASURED_TYPES = frozenset({"FLOAT32", "INT32", "INT64", "BOOL", "INT8"})
+
+
+def data_inputs(name: str, n_inputs: int) -> list[int]:
+    """Positions of operator ``name``'s inputs whose element type its kernel must support."""
+    positions = ELEMENT_TYPES[name][0]
+    return list(range(n_inputs)) if positions is None else [p for p in positions if p < n_inputs]
+
+
+def unsupported_type(name: str, type_names: list[str]) -> str | None:
+    """The first of these data-input types onert 0.1.0's ``name`` kernel does not run (a
+    measured type only), or None."""
+    if name not in ELEMENT_TYPES:
+        return None
+    runs = ELEMENT_TYPES[name][1]
+    return next((t for t in type_names if t in MEASURED_TYPES and t not in runs), None)

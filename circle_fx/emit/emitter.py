@@ -18,6 +18,7 @@ from .builder import BO, ModelBuilder
 from .context import LoweringContext
 from .peephole import META_KEY as PEEPHOLE_KEY, simplify
 from .rank_limits import legalize as legalize_ranks
+from .type_limits import legalize as legalize_types
 from .registry import lowering_for
 from .types import TORCH_TO_CIRCLE
 
@@ -113,6 +114,7 @@ def emit(program: Program, progress=None) -> ModelBuilder:
     ctx.node = None
     outs = graph.output_node().args[0]
     protected = set(mb.inputs) | {ctx.values[v] for v in outs if isinstance(ctx.values.get(v), int)}
+    legalize_types(mb)  # element types onert runs (its CASTs are elementwise: rank-folded next)
     legalize_ranks(mb)  # correctness, not speed: always, before the peephole merges its RESHAPEs
     if program.gm.meta.get(PEEPHOLE_KEY, True):
         simplify(mb, protected)

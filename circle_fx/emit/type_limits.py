@@ -1,0 +1,127 @@
+"""Data-movement operators on element types onert 0.1.0 does not run, routed through an exact
+carrier type after lowering.
+
+onert 0.1.0 has no bool kernel for STRIDED_SLICE, SPLIT, CONCATENATION, BROADCAST_TO, GATHER...
+and no int64 kernel for TRANSPOSE, GATHER, BROADCAST_TO (``circle/limits.ELEMENT_TYPES``, measured).
+The file loads and fails at run time. Any lowering can emit such an op on any type (a bool
+mask sliced, split, expanded above rank 5, selected with a dynamic batch...), so the fix is one
+step over the emitted operators, like ``rank_limits``, instead of a special case per lowering:
+
+- bool: CAST to int32 (float32 where the op runs no int32) in, the op, CAST back. Exact: 0 and
+  1 survive both casts, and data movement never makes a new value. Constants are converted
+  in place.
+- integers stored in constants whose values fit a type the op runs exactly (int64 ids below
+  2**31 -> int32): the constant is stored in that type and the output CAST back.
+- int64 (int32, int8) values known only at run time on an op without their kernel: no carrier
+  is exact for every value (int64 -> int32 wraps above 2**31, -> float32 rounds above 2**24), so
+  an UnsupportedOpError names the op and the model line instead of writing a file that fails
+  at run time. BROADCAST_TO of int64 is the exception: ADD of a zeros constant broadcasts it
+  exactly (onert's int64 ADD broadcasts).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..circle.limits import ELEMENT_TYPES, data_inputs, unsupported_type
+from ..circle.schema import CIRCLE_TO_NUMPY, TT, type_name
+from ..errors import UnsupportedOpError
+from .builder import BO, ModelBuilder, OperatorInfo, op_name
+from .lowerings._common import options
+
+#: carriers tried for a bool tensor, in order (CAST bool <-> int32 / float32 are exact in onert)
+_BOOL_CARRIERS = ("INT32", "FLOAT32")
+#: largest integer magnitude a carrier holds exactly
+_EXACT = {"INT32": 2**31 - 1, "FLOAT32": 2**24}
+
+
+def legalize(mb: ModelBuilder) -> int:
+    """Retype every data-movement operator whose element type onert does not run, in place;
+    return how many."""
+    ops: list[OperatorInfo] = []
+    changed = 0
+    for op in mb.operators:
+        new = _retype(mb, op) if op_name(op.code) in ELEMENT_TYPES else None
+        if new is None:
+            ops.append(op)
+        else:
+            ops.extend(new)
+            changed += 1
+    mb.operators = ops
+    return changed
+
+
+def _tname(mb: ModelBuilder, t: int) -> str:
+    return type_name(mb.tensors[t].type)
+
+
+def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    name = op_name(op.code)
+    data = [op.inputs[p] for p in data_inputs(name, len(op.inputs)) if op.inputs[p] >= 0]
+    if any(mb.tensors[t].quantization is not None for t in data + op.outputs):
+        return None  # quantized tensors: the quantized-weights lowerings own those paths
+    bad = unsupported_type(name, [_tname(mb, t) for t in data])
+    if bad is None:
+        return None
+    wrong = [t for t in data if _tname(mb, t) == bad]
+    carrier = _carrier(mb, bad, ELEMENT_TYPES[name][1], wrong)
+    if carrier is None:
+        if name == "BROADCAST_TO" and bad == "INT64":
+            return _broadcast_by_add(mb, op)
+        _refuse(op, name, bad, ELEMENT_TYPES[name][1])
+    code = getattr(TT, carrier)
+    new_ops: list[OperatorInfo] = []
+    inputs = [_converted(mb, t, carrier, new_ops, op.source) if t in wrong else t for t in op.inputs]
+    outputs, tail = [], []
+    for o in op.outputs:
+        info = mb.tensors[o]
+        if _tname(mb, o) != bad:
+            outputs.append(o)
+            continue
+        mid = mb.add_tensor(f"{info.name}/{carrier.lower()}", list(info.shape), code, 0, info.shape_signature)
+        tail.append(OperatorInfo(BO.CAST, [mid], [o], None, op.source))
+        outputs.append(mid)
+    return new_ops + [OperatorInfo(op.code, inputs, outputs, op.options, op.source)] + tail
+
+
+def _carrier(mb: ModelBuilder, bad: str, runs: frozenset, wrong: list[int]) -> str | None:
+    """A type the op runs that holds every value of the ``wrong`` tensors exactly, or None."""
+    if bad == "BOOL":
+        return next((c for c in _BOOL_CARRIERS if c in runs), None)
+    if not all(mb.tensors[t].buffer for t in wrong):
+        return None  # run-time integers: no carrier is exact for every value
+    biggest = max((int(np.abs(mb.buffers[mb.tensors[t].buffer].astype(np.int64)).max(initial=0)) for t in wrong),
+                  default=0)
+    return next((c for c in ("INT32", "FLOAT32") if c in runs and biggest <= _EXACT[c]), None)
+
+
+def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -> int:
+    """``t`` in the carrier type: a converted constant, else a CAST."""
+    info = mb.tensors[t]
+    code = getattr(TT, carrier)
+    if info.buffer:
+        data = np.asarray(mb.buffers[info.buffer]).reshape(info.shape).astype(CIRCLE_TO_NUMPY[code])
+        return mb.add_constant(f"{info.name}/{carrier.lower()}", data)
+    out = mb.add_tensor(f"{info.name}/{carrier.lower()}", list(info.shape), code, 0, info.shape_signature)
+    ops.append(OperatorInfo(BO.CAST, [t], [out], None, source))
+    return out
+
+
+def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
+    """int64 BROADCAST_TO as ADD of an int64 zeros constant of the repeated sizes (exact)."""
+    x, out = op.inputs[0], op.outputs[0]
+    src, dst = list(mb.tensors[x].shape), list(mb.tensors[out].shape)
+    sig = mb.tensors[out].shape_signature
+    if sig is not None and -1 in list(sig):
+        _refuse(op, "BROADCAST_TO", "INT64", ELEMENT_TYPES["BROADCAST_TO"][1])
+    src = [1] * (len(dst) - len(src)) + src
+    zeros = mb.add_constant(f"{mb.tensors[out].name}/broadcast", np.zeros([d if s == 1 else 1 for s, d in zip(src, dst)],
+                                                                           np.int64))
+    return [OperatorInfo(BO.ADD, [x, zeros], [out], options("AddOptions"), op.source)]
+
+
+def _refuse(op: OperatorInfo, name: str, bad: str, runs: frozenset) -> None:
+    where = f" at {op.source}" if op.source else ""
+    raise UnsupportedOpError(
+        f"a {name} of {bad.lower()} values known only at run time{where}: onert 0.1.0 runs {name} on "
+        f"{', '.join(sorted(t.lower() for t in runs))} only, and no type it runs holds every {bad.lower()} "
+        f"value exactly; cast the tensor to a type it runs in the model", [(name, "", op.source or "")])
