@@ -57,3 +57,10 @@ def test_arg_max_rule():
         _, op = first_op(m, sg, "ARG_MAX")
         op.builtinOptions.outputType = 2  # INT32, while the tensor is INT64
     assert_problem(mutate(good, wrong_type), "ARG_MAX", "output_type")
+
+
+def test_every_op_with_element_type_limits_has_a_rule():
+    """verify checks circle/limits.ELEMENT_TYPES inside the per-op rules: an op in the table
+    without a rule would go unchecked."""
+    from circle_fx.circle.limits import ELEMENT_TYPES
+    assert not [n for n in ELEMENT_TYPES if not has_rule(getattr(BO, n))]

@@ -309,7 +309,7 @@ class _Checker:
             return
         self.shape_checked += 1
         try:
-            msg = rule(self, op)
+            msg = _element_types(self, op) or rule(self, op)
         except _Skip:
             return
         if msg:
@@ -419,6 +419,22 @@ def _types(c: _Checker, op: OperatorView) -> str | None:
     return None
 
 
+def _element_types(c: _Checker, op: OperatorView) -> str | None:
+    """A data-movement op on an element type onert 0.1.0's kernel does not run (limits.ELEMENT_TYPES):
+    the file loads and fails at run time."""
+    if op.name not in limits.ELEMENT_TYPES:
+        return None
+    data = [op.inputs[p] for p in limits.data_inputs(op.name, len(op.inputs)) if op.inputs[p] >= 0]
+    if any(c.cf.tensors[i].quantization is not None for i in data):
+        return None
+    bad = limits.unsupported_type(op.name, [c.cf.tensors[i].type_name for i in data])
+    if bad is None:
+        return None
+    runs = sorted(limits.ELEMENT_TYPES[op.name][1])
+    runs = " and ".join([", ".join(runs[:-1]), runs[-1]] if len(runs) > 1 else runs)
+    return f"input type {bad}: onert 0.1.0's {op.name} runs {runs} only"
+
+
 def _dequantize(c: _Checker, op: OperatorView):
     src, out = c.cf.tensors[op.inputs[0]], c.cf.tensors[op.outputs[0]]
     if src.type not in (TT.UINT8, TT.INT8) or src.quantization is None:
@@ -509,15 +525,9 @@ def _reshape(c: _Checker, op: OperatorView):
     return None
 
 
-#: TRANSPOSE inputs onert 0.1.0 fails on at run time ("Transpose: unsupported data type")
-_NO_TRANSPOSE = {TT.INT64, TT.BOOL, TT.INT8}
-
 
 def _transpose(c: _Checker, op: OperatorView):
     x = c.dims(op.inputs[0])
-    src = c.cf.tensors[op.inputs[0]]
-    if src.type in _NO_TRANSPOSE and src.quantization is None:
-        return f"input type {src.type_name}: onert 0.1.0's TRANSPOSE runs FLOAT32 and INT32 only"
     perm = c.const_ints(op.inputs[1])
     if perm is None:
         raise _Skip()

@@ -1,0 +1,89 @@
+"""Data-movement ops on element types onert 0.1.0 has no kernel for (circle/limits.ELEMENT_TYPES):
+each form runs in onert and matches eager (bool through an exact carrier, emit/type_limits.py),
+or is a clear UnsupportedOpError at export (int64 values known only at run time); verify reports
+a file that puts such an op on such a type."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.export import Dim
+
+import circle_fx
+from circle_fx.circle import limits
+from circle_fx.circle.schema import BO, TT
+from circle_fx.emit.builder import ModelBuilder
+from circle_fx.emit.lowerings._common import options
+from circle_fx.emit.writer import serialize
+
+from onert_eager import Fn, assert_onert_matches_eager
+
+EXACT = dict(rtol=0, atol=0)
+
+
+def _x(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("name, fn, shape", [
+    ("bool select -> STRIDED_SLICE", lambda x: (x > 0)[:, 1] & (x < 1)[:, 2], (2, 4)),
+    ("bool split -> SPLIT", lambda x: (x > 0).split(2, dim=1)[1] | (x < 0)[:, :2], (2, 4)),
+    ("bool stack -> CONCATENATION", lambda x: torch.stack([x > 0, x < 1], 1), (2, 4)),
+    ("foldable rank-6 bool expand -> BROADCAST_TO",
+     lambda x: (x > 0).view(2, 1, 1, 1, 1, 4).expand(2, 3, 3, 1, 1, 4).float(), (2, 4)),
+    ("bool transpose -> TRANSPOSE", lambda x: (x > 0).transpose(0, 1), (3, 4)),
+])
+def test_bool_data_movement_runs(name, fn, shape):
+    assert_onert_matches_eager(Fn(fn), [_x(*shape)], **EXACT)
+
+
+def test_bool_slice_with_a_dynamic_batch_runs():
+    fn = Fn(lambda x: ((x > 0)[:, 1:] | (x < -1)[:, :-1]).float())
+    assert_onert_matches_eager(fn, [_x(3, 5)], **EXACT, dynamic_shapes=(({0: Dim("b", max=8)},),))
+
+
+def test_bool_gather_runs():
+    idx = torch.tensor([3, 0, 2])
+    assert_onert_matches_eager(Fn(lambda x: (x > 0)[:, idx]), [_x(2, 4)], **EXACT)
+
+
+def test_int64_runtime_gather_from_one_row_is_a_clear_error():
+    """decompositions.gather's one-row shortcut on run-time int64 data: onert's GATHER has no
+    int64 kernel and int32 would wrap values above 2**31, so export refuses, naming the line."""
+    fn = Fn(lambda ids: torch.gather(ids * 2, 1, torch.tensor([[3, 0, 2]])))
+    with pytest.raises(circle_fx.UnsupportedOpError) as info:
+        circle_fx.export(fn, (torch.arange(6).view(1, 6),))
+    msg = str(info.value)
+    assert "GATHER of int64" in msg and "onert_eager.py" in msg, msg
+
+
+def test_int64_expand_is_exact_beyond_int32():
+    """BROADCAST_TO has no int64 kernel: ADD of an int64 zeros constant broadcasts instead."""
+    fn = Fn(lambda ids: (ids * 2**40).view(1, 3).expand(4, 3))
+    assert_onert_matches_eager(fn, [torch.tensor([5, -7, 2**20])], **EXACT)
+
+
+# ------------------------------------------------------------------ verify reads the table
+def _one_op(code, in_type):
+    mb = ModelBuilder()
+    x = mb.add_tensor("x", [2, 4], in_type)
+    mb.inputs.append(x)
+    mb.input_names.append("x")
+    out = mb.add_tensor("out", [2, 2], in_type)
+    consts = [mb.add_constant(n, np.asarray(v, np.int32)) for n, v in (("b", [0, 1]), ("e", [2, 3]), ("s", [1, 1]))]
+    mb.add_operator(code, [x, *consts], [out], options("StridedSliceOptions"))
+    mb.outputs.append(out)
+    mb.output_names.append("out")
+    return bytes(serialize(mb).head)
+
+
+def test_verify_reports_an_element_type_onert_does_not_run():
+    with pytest.raises(circle_fx.VerifyError) as info:
+        circle_fx.verify(_one_op(BO.STRIDED_SLICE, TT.BOOL))
+    assert any("input type BOOL: onert 0.1.0's STRIDED_SLICE runs" in p for p in info.value.problems), info.value.problems
+    circle_fx.verify(_one_op(BO.STRIDED_SLICE, TT.INT32))  # a type it runs passes
+
+
+def test_table_names_only_measured_types():
+    for name, (_, runs) in limits.ELEMENT_TYPES.items():
+        assert "FLOAT32" in runs and runs <= limits.MEASURED_TYPES, name
