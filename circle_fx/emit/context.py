@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..circle.schema import QuantParams
+from ..circle.schema import CIRCLE_TO_NUMPY, QuantParams
 from ..errors import UnsupportedOpError
 from ..fx_utils import dtype_of, val
 from ..program import Program, fetch_attr
@@ -207,6 +207,15 @@ class LoweringContext:
 
     def tensor_hint(self, index: int) -> list[int]:
         return list(self.builder.tensors[index].shape)
+
+    def tensor_constant(self, index: int) -> np.ndarray | None:
+        """The data of Circle tensor ``index`` when it is a constant (shaped as the tensor), else None."""
+        t = self.builder.tensors[index]
+        if not t.buffer or self.builder.buffers[t.buffer] is None:
+            return None
+        data = np.asarray(self.builder.buffers[t.buffer])
+        want = CIRCLE_TO_NUMPY.get(t.type, data.dtype)
+        return (data if data.dtype == want else data.view(want)).reshape(t.shape)
 
     def tensor_dtype(self, index: int) -> torch.dtype:
         return CIRCLE_TO_TORCH[self.builder.tensors[index].type]

@@ -89,9 +89,16 @@ def _carrier(mb: ModelBuilder, bad: str, runs: frozenset, wrong: list[int]) -> s
         return next((c for c in _BOOL_CARRIERS if c in runs), None)
     if not all(mb.tensors[t].buffer for t in wrong):
         return None  # run-time integers: no carrier is exact for every value
-    biggest = max((int(np.abs(mb.buffers[mb.tensors[t].buffer].astype(np.int64)).max(initial=0)) for t in wrong),
-                  default=0)
+    biggest = max((int(np.abs(_data(mb, t).astype(np.int64)).max(initial=0)) for t in wrong), default=0)
     return next((c for c in ("INT32", "FLOAT32") if c in runs and biggest <= _EXACT[c]), None)
+
+
+def _data(mb: ModelBuilder, t: int) -> np.ndarray:
+    """Constant ``t``'s values, read as its own type (a buffer may be shared by an alias)."""
+    info = mb.tensors[t]
+    data = np.asarray(mb.buffers[info.buffer])
+    want = CIRCLE_TO_NUMPY[info.type]
+    return (data if data.dtype == want else data.view(want)).reshape(info.shape)
 
 
 def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -> int:
@@ -99,7 +106,7 @@ def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -
     info = mb.tensors[t]
     code = getattr(TT, carrier)
     if info.buffer:
-        data = np.asarray(mb.buffers[info.buffer]).reshape(info.shape).astype(CIRCLE_TO_NUMPY[code])
+        data = _data(mb, t).astype(CIRCLE_TO_NUMPY[code])
         return mb.add_constant(f"{info.name}/{carrier.lower()}", data)
     out = mb.add_tensor(f"{info.name}/{carrier.lower()}", list(info.shape), code, 0, info.shape_signature)
     ops.append(OperatorInfo(BO.CAST, [t], [out], None, source))

@@ -124,34 +124,7 @@ def matmul(ctx, node):
     a, b = node.args[0], node.args[1]
     if ctx.rank(a) == 1 and ctx.rank(b) == 1:
         raise ctx.error("matmul of two 1-D operands (a dot product) is not supported")
-    const_a = ctx.constant(a)
-    if const_a is not None and ctx.constant(b) is None and ctx.rank(a) >= 2 and ctx.rank(b) >= 2:
-        _matmul_constant_lhs(ctx, node, const_a, b)
-        return
     batch_matmul(ctx, ctx.tensor(a), ctx.tensor(b), ctx.output(node))
-
-
-def _swap_last(ctx, src: int, dims: list[int], hint: list[int], dtype, name: str, out: int | None = None) -> int:
-    """TRANSPOSE of the last two dims of tensor ``src`` (``dims``/``hint`` its shape)."""
-    perm = list(range(len(dims)))
-    perm[-2:] = perm[-1], perm[-2]
-    out = out if out is not None else ctx.new_tensor([dims[p] for p in perm], dtype, name, [hint[p] for p in perm])
-    ctx.op(BO.TRANSPOSE, [src, ctx.int_const(perm, "perm")], [out])
-    return out
-
-
-def _matmul_constant_lhs(ctx, node, a, b):
-    """``A @ B`` with a constant ``A`` (Mamba's ``dt_proj.weight @ x``): onert 0.1.0 refuses a
-    constant BATCH_MATMUL lhs ("OperationValidator failed at line 123"; a constant rhs is fine),
-    so compute ``(B^T @ A^T)^T`` with ``A^T`` folded at compile time."""
-    at = ctx.const(a.detach().transpose(-1, -2).contiguous().numpy(), "lhs_T")
-    dtype = ctx.dtype(node)
-    bt = _swap_last(ctx, ctx.tensor(b), ctx.dims(b), ctx.shape_hint(b), ctx.dtype(b), "rhs_T")
-    out_dims, out_hint = ctx.dims(node), ctx.shape_hint(node)
-    swapped = out_dims[:-2] + out_dims[-1:] + out_dims[-2:-1]
-    prod = ctx.new_tensor(swapped, dtype, "mm_T", out_hint[:-2] + out_hint[-1:] + out_hint[-2:-1])
-    batch_matmul(ctx, bt, at, prod)
-    _swap_last(ctx, prod, swapped, out_hint[:-2] + out_hint[-1:] + out_hint[-2:-1], dtype, "mm", ctx.output(node))
 
 
 @lowering(aten.embedding.default)
