@@ -93,7 +93,7 @@ def topk(ctx, node):
     vals, idxs = [], []
     for j in range(k):
         v = ctx.new_tensor(col, dt, f"v{j}")
-        ctx.op(BO.REDUCE_MAX, [cur, ctx.int_const([axis], "axes")], [v], options("ReducerOptions", keepDims=True))
+        reduce_into(ctx, BO.REDUCE_MAX, cur, x, [axis], True, v)  # folds ranks > 4, as max_dim does
         vals.append(v)
         if indices is None and j == k - 1:
             break
