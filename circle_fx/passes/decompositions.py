@@ -16,9 +16,9 @@ must itself have a lowering (or depend on no input, and fold to a constant).
 
 :data:`REFUSED_FORMS` covers ops that *have* a lowering but not for some of their forms:
 the lowering refuses them (softmax over another axis than the last, a sum with an int64
-result) or onert 0.1.0 cannot run what it would emit (CONCATENATION / STRIDED_SLICE of bool
-tensors: "Concat: unsupported data type"). A node in such a form is decomposed like an op
-without a lowering, into forms that lower and run.
+result, a crop). A node in such a form is decomposed like an op without a lowering, into
+forms that lower and run. (Element types onert's data-movement kernels lack, bool slices and
+cats included, are handled after lowering: ``emit/type_limits.py``.)
 """
 from __future__ import annotations
 
@@ -318,22 +318,6 @@ def _as_logical(fn):
     return decomposed
 
 
-def _is_bool(node) -> bool:
-    out = node.meta.get("val")
-    return isinstance(out, torch.Tensor) and out.dtype == torch.bool
-
-
-def _cat_bools(tensors, dim=0):
-    """``cat`` of bool tensors (onert 0.1.0's CONCATENATION has no bool kernel: "Concat:
-    unsupported data type") through int32, back to bool with ``!= 0``: exact."""
-    return torch.cat([t.to(torch.int32) for t in tensors], dim) != 0
-
-
-def _slice_bools(x, dim=0, start=None, end=None, step=1):
-    """A slice of a bool tensor (onert 0.1.0's STRIDED_SLICE has no bool kernel) through int32."""
-    return aten.slice.Tensor(x.to(torch.int32), dim, start, end, step) != 0
-
-
 def _crops(node) -> bool:
     """``constant_pad_nd`` with a negative amount (a crop; RWKV's time shift
     ``ZeroPad2d((0, 0, 1, -1))``): PAD takes no negative amounts."""
@@ -368,8 +352,6 @@ REFUSED_FORMS = {
     aten.__or__.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
     aten.bitwise_or.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
     aten.constant_pad_nd.default: (_crops, _crop_then_pad),
-    aten.cat.default: (_is_bool, _cat_bools),
-    aten.slice.Tensor: (_is_bool, _slice_bools),
 }
 
 

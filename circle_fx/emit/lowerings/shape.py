@@ -30,17 +30,15 @@ def reshape(ctx, node):
     ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.shape_operand(node)], [ctx.output(node)])
 
 
-#: element types onert 0.1.0's TRANSPOSE kernel runs; int64, bool, int8 fail at run time with
-#: "Transpose: unsupported data type" (docs/onert-findings.md)
+#: element types onert 0.1.0's TRANSPOSE kernel runs (circle/limits.ELEMENT_TYPES); bool is
+#: carried through int32 after lowering (emit/type_limits.py), int64 / int8 have no exact carrier
 _TRANSPOSE_TYPES = (torch.float32, torch.int32)
-#: types that CAST to int32 and back exactly in onert 0.1.0 (int8 CAST fails: "Cast: unsupported data type")
-_VIA_INT32 = (torch.bool,)
 
 
 def _transpose(ctx, node, perm):
-    """TRANSPOSE for the types onert transposes. Others: RESHAPE when only size-1 dims move
-    (same element order; XLNet's ``input_ids.transpose(0, 1)`` on batch 1), bool through
-    int32, and int64 / int8 are refused: onert 0.1.0 offers no exact route."""
+    """TRANSPOSE for the types onert transposes (bool via type_limits). Others: RESHAPE when only
+    size-1 dims move (same element order; XLNet's ``input_ids.transpose(0, 1)`` on batch 1),
+    else refused: onert 0.1.0 offers no exact route for int64 / int8."""
     x = node.args[0]
     dtype, dims = ctx.dtype(x), ctx.dims(x)
     if dtype in _TRANSPOSE_TYPES or ctx.quantization(x) is not None:
@@ -49,14 +47,11 @@ def _transpose(ctx, node, perm):
     if [p for p in perm if dims[p] != 1] == [d for d in range(len(dims)) if dims[d] != 1] and dims.count(-1) <= 1:
         reshape(ctx, node)
         return
-    if dtype not in _VIA_INT32:
-        raise ctx.error(f"transposing a {dtype} tensor {dims} with perm {perm}: onert 0.1.0's TRANSPOSE runs only "
-                        "float32 and int32 (and GATHER/CAST offer no exact detour); cast it to int32 in the model")
-    wide = ctx.like(x, "int32", torch.int32)
-    ctx.op(BO.CAST, [ctx.tensor(x)], [wide])
-    moved = ctx.like(node, "transposed", torch.int32)
-    ctx.op(BO.TRANSPOSE, [wide, ctx.int_const(perm, "perm")], [moved])
-    ctx.op(BO.CAST, [moved], [ctx.output(node)])
+    if dtype == torch.bool:
+        ctx.op(BO.TRANSPOSE, [ctx.tensor(x), ctx.int_const(perm, "perm")], [ctx.output(node)])
+        return
+    raise ctx.error(f"transposing a {dtype} tensor {dims} with perm {perm}: onert 0.1.0's TRANSPOSE runs only "
+                    "float32 and int32 (and GATHER/CAST offer no exact detour); cast it to int32 in the model")
 
 
 @lowering(aten.transpose.int)
