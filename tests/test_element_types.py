@@ -37,6 +37,16 @@ def test_bool_data_movement_runs(name, fn, shape):
     assert_onert_matches_eager(Fn(fn), [_x(*shape)], **EXACT)
 
 
+@pytest.mark.parametrize("name, fn, dtype", [
+    ("int64", lambda x: [p + 2**40 for p in x.split([1, 3], 1)], torch.int64),
+    ("int32", lambda x: [p * 3 for p in x.split([1, 3], 1)], torch.int32),
+    ("bool", lambda x: [p.float() for p in (x > 3).split([1, 3], 1)], torch.int64),
+])
+def test_uneven_split_runs(name, fn, dtype):
+    """Uneven pieces are SLICEs (float32-only in onert 0.1.0): they become STRIDED_SLICEs."""
+    assert_onert_matches_eager(Fn(fn), [torch.arange(8).view(2, 4).to(dtype)], **EXACT)
+
+
 def test_bool_slice_with_a_dynamic_batch_runs():
     fn = Fn(lambda x: ((x > 0)[:, 1:] | (x < -1)[:, :-1]).float())
     assert_onert_matches_eager(fn, [_x(3, 5)], **EXACT, dynamic_shapes=(({0: Dim("b", max=8)},),))

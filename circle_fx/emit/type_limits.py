@@ -7,6 +7,7 @@ The file loads and fails at run time. Any lowering can emit such an op on any ty
 mask sliced, split, expanded above rank 5, selected with a dynamic batch...), so the fix is one
 step over the emitted operators, like ``rank_limits``, instead of a special case per lowering:
 
+- SLICE (float32 only) of another type: the same STRIDED_SLICE, which runs int32 and int64.
 - bool: CAST to int32 (float32 where the op runs no int32) in, the op, CAST back. Exact: 0 and
   1 survive both casts, and data movement never makes a new value. Constants are converted
   in place.
@@ -62,6 +63,9 @@ def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     bad = unsupported_type(name, [_tname(mb, t) for t in data])
     if bad is None:
         return None
+    if name == "SLICE" and all(mb.tensors[t].buffer for t in op.inputs[1:]):
+        strided = _as_strided_slice(mb, op)  # STRIDED_SLICE runs int32/int64; bool still needs a carrier
+        return [strided] if (more := _retype(mb, strided)) is None else more
     wrong = [t for t in data if _tname(mb, t) == bad]
     carrier = _carrier(mb, bad, ELEMENT_TYPES[name][1], wrong)
     if carrier is None:
@@ -111,6 +115,19 @@ def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -
     out = mb.add_tensor(f"{info.name}/{carrier.lower()}", list(info.shape), code, 0, info.shape_signature)
     ops.append(OperatorInfo(BO.CAST, [t], [out], None, source))
     return out
+
+
+def _as_strided_slice(mb: ModelBuilder, op: OperatorInfo) -> OperatorInfo:
+    """SLICE (begin, size; size -1 = to the end) as the same STRIDED_SLICE (end = begin + size,
+    an end-mask bit where size is -1, strides 1): onert 0.1.0's SLICE runs float32 only."""
+    begin = [int(v) for v in _data(mb, op.inputs[1]).reshape(-1)]
+    size = [int(v) for v in _data(mb, op.inputs[2]).reshape(-1)]
+    end = [0 if s == -1 else b + s for b, s in zip(begin, size)]
+    mask = sum(1 << d for d, s in enumerate(size) if s == -1)
+    consts = [mb.add_constant(f"{mb.tensors[op.outputs[0]].name}/{n}", np.asarray(v, np.int32))
+              for n, v in (("begin", begin), ("end", end), ("strides", [1] * len(begin)))]
+    return OperatorInfo(BO.STRIDED_SLICE, [op.inputs[0], *consts], list(op.outputs),
+                        options("StridedSliceOptions", endMask=mask), op.source)
 
 
 def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
