@@ -47,6 +47,14 @@ def test_uneven_split_runs(name, fn, dtype):
     assert_onert_matches_eager(Fn(fn), [torch.arange(8).view(2, 4).to(dtype)], **EXACT)
 
 
+@pytest.mark.parametrize("value", [0, 7])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_pad_runs(dtype, value):
+    """PAD / PADV2 run float32 and int8 only: integers are padded by CONCATENATION of constant blocks."""
+    fn = Fn(lambda x: torch.nn.functional.pad(x * 3, (1, 2, 0, 1), value=value))
+    assert_onert_matches_eager(fn, [torch.arange(8).view(2, 4).to(dtype) * 2**20], **EXACT)
+
+
 def test_bool_slice_with_a_dynamic_batch_runs():
     fn = Fn(lambda x: ((x > 0)[:, 1:] | (x < -1)[:, :-1]).float())
     assert_onert_matches_eager(fn, [_x(3, 5)], **EXACT, dynamic_shapes=(({0: Dim("b", max=8)},),))
@@ -123,6 +131,8 @@ def _probe(name: str, dt) -> tuple[bytes, np.ndarray, list[np.ndarray]]:
         "GATHER": (BO.GATHER, [x, i32("i", [3, 0, 2])], [[2, 3]], options("GatherOptions", axis=1), [a[:, [3, 0, 2]]]),
         "TILE": (BO.TILE, [x, i32("m", [2, 1])], [[4, 4]], options("TileOptions"), [np.tile(a, (2, 1))]),
         "PAD": (BO.PAD, [x, i32("p", [[0, 0], [1, 1]])], [[2, 6]], options("PadOptions"), [np.pad(a, ((0, 0), (1, 1)))]),
+        "PADV2": (BO.PADV2, [x, i32("p", [[0, 0], [1, 1]]), mb.add_constant("v", np.asarray(1, dt))], [[2, 6]],
+                  options("PadV2Options"), [np.pad(a, ((0, 0), (1, 1)), constant_values=1)]),
         "REDUCE_MAX": (BO.REDUCE_MAX, [x, i32("a", [1])], [[2]], options("ReducerOptions", keepDims=False), [a.max(1)]),
     }[name]
     outs = [mb.add_tensor(f"o{k}", s, ct) for k, s in enumerate(shapes)]

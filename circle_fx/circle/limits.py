@@ -50,6 +50,7 @@ ELEMENT_TYPES: dict[str, tuple[tuple[int, ...] | None, frozenset[str]]] = {
     "GATHER": ((0,), frozenset({"FLOAT32", "INT32"})),
     "TILE": ((0,), frozenset({"FLOAT32"})),
     "PAD": ((0,), frozenset({"FLOAT32", "INT8"})),
+    "PADV2": ((0, 2), frozenset({"FLOAT32", "INT8"})),
     "REDUCE_MAX": ((0,), frozenset({"FLOAT32", "INT32"})),
 }
 #: the types the table was measured on: other types (UINT8, INT16...) and quantized tensors are

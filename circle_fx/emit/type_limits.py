@@ -8,6 +8,7 @@ mask sliced, split, expanded above rank 5, selected with a dynamic batch...), so
 step over the emitted operators, like ``rank_limits``, instead of a special case per lowering:
 
 - SLICE (float32 only) of another type: the same STRIDED_SLICE, which runs int32 and int64.
+- PAD / PADV2 of integers: CONCATENATION with constant blocks of the pad value.
 - bool: CAST to int32 (float32 where the op runs no int32) in, the op, CAST back. Exact: 0 and
   1 survive both casts, and data movement never makes a new value. Constants are converted
   in place.
@@ -71,6 +72,8 @@ def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     if carrier is None:
         if name == "BROADCAST_TO" and bad == "INT64":
             return _broadcast_by_add(mb, op)
+        if name in ("PAD", "PADV2") and (concat := _pad_by_concat(mb, op)) is not None:
+            return concat
         _refuse(op, name, bad, ELEMENT_TYPES[name][1])
     code = getattr(TT, carrier)
     new_ops: list[OperatorInfo] = []
@@ -128,6 +131,34 @@ def _as_strided_slice(mb: ModelBuilder, op: OperatorInfo) -> OperatorInfo:
               for n, v in (("begin", begin), ("end", end), ("strides", [1] * len(begin)))]
     return OperatorInfo(BO.STRIDED_SLICE, [op.inputs[0], *consts], list(op.outputs),
                         options("StridedSliceOptions", endMask=mask), op.source)
+
+
+def _pad_by_concat(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    """PAD / PADV2 of integers (onert pads float32 and int8 only) as CONCATENATIONs with
+    constant blocks of the pad value, one per padded dim (CONCATENATION runs int32/int64). The
+    blocks need every other dim static; None otherwise."""
+    x, out = op.inputs[0], op.outputs[0]
+    info = mb.tensors[x]
+    sig = list(info.shape_signature) if info.shape_signature is not None else list(info.shape)
+    table = _data(mb, op.inputs[1]).reshape(-1, 2)
+    value = _data(mb, op.inputs[2]).reshape(-1)[0] if len(op.inputs) > 2 and op.inputs[2] >= 0 else 0
+    padded = [d for d in range(len(sig)) if table[d].any()]
+    if not all(-1 not in sig[:d] + sig[d + 1:] for d in padded):
+        return None
+    dtype = CIRCLE_TO_NUMPY[info.type]
+    ops, cur, shape = [], x, list(info.shape)
+    for k, d in enumerate(padded):
+        parts = []
+        for amount in table[d]:
+            block = list(shape)
+            block[d] = int(amount)
+            parts.append(mb.add_constant(f"{mb.tensors[out].name}/pad", np.full(block, value, dtype)) if amount else None)
+        shape[d] += int(table[d].sum())
+        nxt = out if k == len(padded) - 1 else mb.add_tensor(f"{mb.tensors[out].name}/padded", list(shape), info.type)
+        ins = [t for t in (parts[0], cur, parts[1]) if t is not None]
+        ops.append(OperatorInfo(BO.CONCATENATION, ins, [nxt], options("ConcatenationOptions", axis=d), op.source))
+        cur = nxt
+    return ops
 
 
 def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
