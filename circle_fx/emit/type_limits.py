@@ -74,7 +74,7 @@ def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
             return _broadcast_by_add(mb, op)
         if name in ("PAD", "PADV2") and (concat := _pad_by_concat(mb, op)) is not None:
             return concat
-        _refuse(op, name, bad, ELEMENT_TYPES[name][1])
+        _refuse(op, name, bad, ELEMENT_TYPES[name][1], all(mb.tensors[t].buffer for t in wrong))
     code = getattr(TT, carrier)
     new_ops: list[OperatorInfo] = []
     inputs = [_converted(mb, t, carrier, new_ops, op.source) if t in wrong else t for t in op.inputs]
@@ -94,8 +94,8 @@ def _carrier(mb: ModelBuilder, bad: str, runs: frozenset, wrong: list[int]) -> s
     """A type the op runs that holds every value of the ``wrong`` tensors exactly, or None."""
     if bad == "BOOL":
         return next((c for c in _BOOL_CARRIERS if c in runs), None)
-    if not all(mb.tensors[t].buffer for t in wrong):
-        return None  # run-time integers: no carrier is exact for every value
+    if bad not in ("INT64", "INT32") or not all(mb.tensors[t].buffer for t in wrong):
+        return None  # run-time integers: no carrier is exact for every value (int8: onert has no int8 CAST)
     biggest = max((int(np.abs(_data(mb, t).astype(np.int64)).max(initial=0)) for t in wrong), default=0)
     return next((c for c in ("INT32", "FLOAT32") if c in runs and biggest <= _EXACT[c]), None)
 
@@ -174,9 +174,10 @@ def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
     return [OperatorInfo(BO.ADD, [x, zeros], [out], options("AddOptions"), op.source)]
 
 
-def _refuse(op: OperatorInfo, name: str, bad: str, runs: frozenset) -> None:
+def _refuse(op: OperatorInfo, name: str, bad: str, runs: frozenset, constant: bool = False) -> None:
     where = f" at {op.source}" if op.source else ""
+    what = "constants too large for int32" if constant else "values known only at run time"
     raise UnsupportedOpError(
-        f"a {name} of {bad.lower()} values known only at run time{where}: onert 0.1.0 runs {name} on "
+        f"a {name} of {bad.lower()} {what}{where}: onert 0.1.0 runs {name} on "
         f"{', '.join(sorted(t.lower() for t in runs))} only, and no type it runs holds every {bad.lower()} "
         f"value exactly; cast the tensor to a type it runs in the model", [(name, "", op.source or "")])
