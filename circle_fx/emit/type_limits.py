@@ -176,7 +176,7 @@ def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
 
 def _refuse(op: OperatorInfo, name: str, bad: str, runs: frozenset, constant: bool = False) -> None:
     where = f" at {op.source}" if op.source else ""
-    what = "constants too large for int32" if constant else "values known only at run time"
+    what = "constants (beyond what it runs exactly)" if constant else "values known only at run time"
     raise UnsupportedOpError(
         f"a {name} of {bad.lower()} {what}{where}: onert 0.1.0 runs {name} on "
         f"{', '.join(sorted(t.lower() for t in runs))} only, and no type it runs holds every {bad.lower()} "
