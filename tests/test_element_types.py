@@ -32,6 +32,8 @@ def _x(*shape):
     ("foldable rank-6 bool expand -> BROADCAST_TO",
      lambda x: (x > 0).view(2, 1, 1, 1, 1, 4).expand(2, 3, 3, 1, 1, 4).float(), (2, 4)),
     ("bool transpose -> TRANSPOSE", lambda x: (x > 0).transpose(0, 1), (3, 4)),
+    ("bool amax -> REDUCE_MAX", lambda x: (x > 0).amax(-1), (2, 4)),
+    ("bool max.dim -> REDUCE_MAX", lambda x: (x > 0).max(-1).values, (2, 4)),
 ])
 def test_bool_data_movement_runs(name, fn, shape):
     assert_onert_matches_eager(Fn(fn), [_x(*shape)], **EXACT)
@@ -73,6 +75,12 @@ def test_int64_runtime_gather_from_one_row_is_a_clear_error():
         circle_fx.export(fn, (torch.arange(6).view(1, 6),))
     msg = str(info.value)
     assert "GATHER of int64" in msg and "onert_eager.py" in msg, msg
+
+
+def test_int64_runtime_amax_is_a_clear_error():
+    """REDUCE_MAX has no int64 kernel (onert fails at prepare): refused at export."""
+    with pytest.raises(circle_fx.UnsupportedOpError, match="REDUCE_MAX of int64 values known only at run time"):
+        circle_fx.export(Fn(lambda x: (x * 3).amax(-1)), (torch.arange(8).view(2, 4),))
 
 
 def test_int64_expand_is_exact_beyond_int32():
