@@ -28,3 +28,9 @@ def test_constant_lhs_matmul_runs(name, fn, shape):
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     cm = assert_onert_matches_eager(Fn(fn), [x], **TOL)
     assert cm.op_histogram()["BATCH_MATMUL"] == 1
+
+
+def test_constant_lhs_matmul_with_a_dynamic_batch_runs():
+    from torch.export import Dim
+    x = torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(1))
+    assert_onert_matches_eager(Fn(lambda x: W @ x), [x], **TOL, dynamic_shapes=(({0: Dim("b", max=8)},),))
