@@ -9,6 +9,7 @@ from ...circle import limits
 from ...fx_utils import arguments
 from ..registry import lowering
 from ._common import BO, options
+from ._matmul_fold import _prod, _reshaped
 
 aten = torch.ops.aten
 
@@ -76,12 +77,12 @@ def _reduce_folded(ctx, code, src, axes, out):
     dtype = ctx.tensor_dtype(src)
     if len(runs) > MAX_RANK:
         perm = [i for i, r in enumerate(runs) if not r[0]] + [i for i, r in enumerate(runs) if r[0]]
-        grouped = _reshape(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_runs")
+        grouped = _reshaped(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_runs", strip=False)
         moved = ctx.new_tensor([runs[p][1] for p in perm], dtype, "reduce_moved", [runs[p][2] for p in perm])
         ctx.op(BO.TRANSPOSE, [grouped, ctx.int_const(perm, "perm")], [moved])
         src, runs = moved, [[red, _prod(r[1] for r in runs if r[0] == red), math.prod(r[2] for r in runs if r[0] == red)]
                             for red in (False, True)]
-    src = _reshape(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_folded")
+    src = _reshaped(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_folded", strip=False)
     keep = len(runs) == 4  # onert's 4-D reductions need keepDims=True (see reduce_into)
     dims = [1 if red else s for red, s, _ in runs if keep or not red]
     hint = [1 if red else h for red, _, h in runs if keep or not red]
@@ -91,19 +92,6 @@ def _reduce_folded(ctx, code, src, axes, out):
     ctx.op(code, [src, ctx.int_const(red_axes, "axes")], [tmp], options("ReducerOptions", keepDims=keep))
     if not direct:
         ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
-
-
-def _reshape(ctx, t, dims, hint, name):
-    if dims == ctx.tensor_dims(t):
-        return t
-    r = ctx.new_tensor(dims, ctx.tensor_dtype(t), name, hint)
-    ctx.op(BO.RESHAPE, [t, ctx.shape_operand(dims)], [r])
-    return r
-
-
-def _prod(dims) -> int:
-    dims = list(dims)
-    return -1 if -1 in dims else math.prod(dims)
 
 
 @lowering(aten.mean.default, aten.sum.default)
