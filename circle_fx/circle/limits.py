@@ -23,6 +23,19 @@ COMPARISON = 4
 COMPARISONS = frozenset({"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL"})
 
 
+#: elementwise operators (by Circle name): binary ones broadcast their operands, unary ones keep
+#: their input's shape. ``verify`` checks them by these lists and ``emit/rank_limits.py`` folds
+#: the ones whose rank limit above applies (every one but the per-row / quantizing ones).
+BINARY_ELEMENTWISE = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
+                      "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
+                      "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD")
+UNARY_ELEMENTWISE = ("NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LOGISTIC", "RELU",
+                     "SQUARE", "LOGICAL_NOT", "GELU", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH",
+                     "LEAKY_RELU", "QUANTIZE", "DEQUANTIZE")
+#: not folded by rank: they work along the last axis or carry per-axis quantization
+NOT_FOLDED = frozenset({"SOFTMAX", "LOG_SOFTMAX", "QUANTIZE", "DEQUANTIZE"})
+
+
 def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -> int:
     """The largest output rank at which elementwise op ``name`` (e.g. ``"SELECT_V2"``) is
     computed correctly with operands of these dims."""

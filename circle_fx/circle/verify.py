@@ -699,12 +699,8 @@ def _arg_max(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), x[:a] + x[a + 1:])
 
 
-_ELEMENTWISE = ["ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
-                "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
-                "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD"]
-_UNARY = ["NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LOGISTIC", "RELU",
-          "SQUARE", "LOGICAL_NOT", "GELU", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH", "LEAKY_RELU",
-          "QUANTIZE", "DEQUANTIZE"]
+_ELEMENTWISE = limits.BINARY_ELEMENTWISE
+_UNARY = limits.UNARY_ELEMENTWISE
 
 _RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
 _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})

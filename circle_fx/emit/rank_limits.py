@@ -21,17 +21,14 @@ import math
 
 import numpy as np
 
+from ..circle import limits
 from ..circle.limits import elementwise_max_rank
 from ..errors import UnsupportedOpError
 from .builder import BO, ModelBuilder, OperatorInfo, op_name
 
 #: ops whose inputs broadcast against each other elementwise (unary ops: one input)
-ELEMENTWISE = {
-    BO.ADD, BO.SUB, BO.MUL, BO.DIV, BO.MAXIMUM, BO.MINIMUM, BO.POW, BO.SELECT_V2,
-    BO.EQUAL, BO.NOT_EQUAL, BO.LESS, BO.LESS_EQUAL, BO.GREATER, BO.GREATER_EQUAL,
-    BO.LOGICAL_AND, BO.LOGICAL_OR, BO.LOGICAL_NOT, BO.CAST, BO.NEG, BO.EXP, BO.LOG, BO.SQRT,
-    BO.RSQRT, BO.SIN, BO.COS, BO.TANH, BO.ABS, BO.LOGISTIC, BO.RELU, BO.GELU,
-}
+ELEMENTWISE = {getattr(BO, n) for n in limits.BINARY_ELEMENTWISE + limits.UNARY_ELEMENTWISE
+               if n not in limits.NOT_FOLDED and hasattr(BO, n)}
 
 
 def legalize(mb: ModelBuilder) -> int:
