@@ -82,5 +82,26 @@ class ModelBuilder:
     def add_operator(self, code: int, inputs, outputs, options=None, source: str = "") -> None:
         self.operators.append(OperatorInfo(code, list(inputs), list(outputs), options, source))
 
+    def dims(self, t: int) -> list[int]:
+        """Dims of tensor ``t``, -1 where dynamic (its shape_signature when it has one)."""
+        info = self.tensors[t]
+        return list(info.shape_signature if info.shape_signature is not None else info.shape)
+
+    def rewrite_operators(self, rewrite) -> int:
+        """Replace each operator ``op`` for which ``rewrite(op)`` returns a list of operators
+        by that list (None keeps ``op``), in place; return how many were replaced. The
+        post-lowering steps (``rank_limits``, ``type_limits``) are such rewrites."""
+        ops: list[OperatorInfo] = []
+        replaced = 0
+        for op in self.operators:
+            new = rewrite(op)
+            if new is None:
+                ops.append(op)
+            else:
+                ops.extend(new)
+                replaced += 1
+        self.operators = ops
+        return replaced
+
     def weight_bytes(self) -> int:
         return sum(b.nbytes for b in self.buffers if b is not None)

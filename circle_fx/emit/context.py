@@ -202,8 +202,7 @@ class LoweringContext:
 
     def tensor_dims(self, index: int) -> list[int]:
         """Dims (-1 dynamic) of a Circle tensor made earlier (e.g. by :meth:`outputs`)."""
-        t = self.builder.tensors[index]
-        return list(t.shape_signature) if t.shape_signature is not None else list(t.shape)
+        return self.builder.dims(index)
 
     def tensor_hint(self, index: int) -> list[int]:
         return list(self.builder.tensors[index].shape)

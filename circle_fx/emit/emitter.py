@@ -74,8 +74,8 @@ def _output_copy(mb: ModelBuilder, idx: int) -> int:
     """
     t = mb.tensors[idx]
     out = mb.add_tensor(f"{t.name}_out", t.shape, t.type, 0, t.shape_signature)
-    shape = t.shape_signature if t.shape_signature is not None else t.shape
-    if sum(1 for d in shape if d == -1) > 1:
+    shape = mb.dims(idx)
+    if shape.count(-1) > 1:
         mb.add_operator(BO.CAST, [idx], [out])  # RESHAPE could infer only one dynamic dim
     else:
         mb.add_operator(BO.RESHAPE, [idx, mb.add_constant(f"{t.name}_out/shape", np.array(shape, np.int32))], [out])

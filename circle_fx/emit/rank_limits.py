@@ -33,28 +33,14 @@ ELEMENTWISE = {getattr(BO, n) for n in limits.BINARY_ELEMENTWISE + limits.UNARY_
 
 def legalize(mb: ModelBuilder) -> int:
     """Fold every elementwise operator above its rank limit, in place; return how many."""
-    ops: list[OperatorInfo] = []
-    folded = 0
-    for op in mb.operators:
-        new = _fold(mb, op) if op.code in ELEMENTWISE and len(op.outputs) == 1 else None
-        if new is None:
-            ops.append(op)
-        else:
-            ops.extend(new)
-            folded += 1
-    mb.operators = ops
-    return folded
-
-
-def _dims(mb: ModelBuilder, t: int) -> list[int]:
-    info = mb.tensors[t]
-    return list(info.shape_signature if info.shape_signature is not None else info.shape)
+    return mb.rewrite_operators(
+        lambda op: _fold(mb, op) if op.code in ELEMENTWISE and len(op.outputs) == 1 else None)
 
 
 def _fold(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     out_t = op.outputs[0]
-    out = _dims(mb, out_t)
-    ins = [_dims(mb, t) for t in op.inputs]
+    out = mb.dims(out_t)
+    ins = [mb.dims(t) for t in op.inputs]
     limit = elementwise_max_rank(op_name(op.code), ins, out)
     if len(out) <= limit:
         return None
@@ -110,7 +96,7 @@ def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):
 def _reshaped(mb: ModelBuilder, t: int, sig: list[int], shape: list[int], ops: list, source: str) -> int:
     """``t`` viewed as ``sig``: the same buffer for a constant, else a RESHAPE."""
     info = mb.tensors[t]
-    if _dims(mb, t) == sig:
+    if mb.dims(t) == sig:
         return t
     dynamic = sig if -1 in sig else None
     if info.buffer:

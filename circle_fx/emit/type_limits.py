@@ -39,17 +39,7 @@ _EXACT = {"INT32": 2**31 - 1, "FLOAT32": 2**24}
 def legalize(mb: ModelBuilder) -> int:
     """Retype every data-movement operator whose element type onert does not run, in place;
     return how many."""
-    ops: list[OperatorInfo] = []
-    changed = 0
-    for op in mb.operators:
-        new = _retype(mb, op) if op_name(op.code) in ELEMENT_TYPES else None
-        if new is None:
-            ops.append(op)
-        else:
-            ops.extend(new)
-            changed += 1
-    mb.operators = ops
-    return changed
+    return mb.rewrite_operators(lambda op: _retype(mb, op) if op_name(op.code) in ELEMENT_TYPES else None)
 
 
 def _tname(mb: ModelBuilder, t: int) -> str:
@@ -139,7 +129,7 @@ def _pad_by_concat(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | N
     blocks need every other dim static; None otherwise."""
     x, out = op.inputs[0], op.outputs[0]
     info = mb.tensors[x]
-    sig = list(info.shape_signature) if info.shape_signature is not None else list(info.shape)
+    sig = mb.dims(x)
     table = _data(mb, op.inputs[1]).reshape(-1, 2)
     value = _data(mb, op.inputs[2]).reshape(-1)[0] if len(op.inputs) > 2 and op.inputs[2] >= 0 else 0
     padded = [d for d in range(len(sig)) if table[d].any()]
