@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,7 +28,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import circle_fx
-from rms_cases import assert_matches_eager, fused_program, rms_nodes
+from rms_cases import assert_matches_eager, assert_onert_fuses_and_matches, fused_program, rms_nodes
 
 FLAWS = ("bias", "other_x", "axis", "narrow_scale", "vector_rhs")
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -130,12 +129,7 @@ def test_projection_near_misses_do_not_fuse(case):
 @given(st.booleans().flatmap(lambda flawed: proj_cases(flawed, dtypes=(torch.float32,), onert=True)))
 def test_projection_cases_in_onert(case):
     model, x = case.build()
-    cm = circle_fx.export(model, (x,))
-    assert cm.op_histogram().get("RMS_NORM", 0) == (1 if case.flaw == "none" else 0), cm.op_histogram()
-    (got,) = cm.run(x)
-    with torch.no_grad():
-        want = model(x)
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+    assert_onert_fuses_and_matches(model, x, 1 if case.flaw == "none" else 0)
 
 
 def _one_each():

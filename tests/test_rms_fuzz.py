@@ -18,14 +18,13 @@ database), no deadline. ``make test`` prints the statistics (``event`` lines sho
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import circle_fx
-from rms_cases import Case, assert_matches_eager, cases, expected_fusions, fused_program, rms_nodes
+from rms_cases import (Case, assert_matches_eager, assert_onert_fuses_and_matches, cases, expected_fusions,
+                       fused_program, rms_nodes)
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -59,16 +58,7 @@ def test_random_near_misses_do_not_fuse(case):
 def test_random_cases_in_onert_float32(case):
     """The exported model, run in onert: RMS_NORM count as expected, outputs = eager."""
     model, x = case.build()
-    cm = circle_fx.export(model, (x,))
-    count, _ = expected_fusions(case.sp)
-    assert cm.op_histogram().get("RMS_NORM", 0) == count, cm.op_histogram()
-    got = cm.run(x)
-    with torch.no_grad():
-        want = model(x)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert_onert_fuses_and_matches(model, x, expected_fusions(case.sp)[0])
 
 
 @pytest.mark.slow
