@@ -111,14 +111,18 @@ def _dq_params(node) -> tuple[QuantParams, torch.dtype] | None:
     return None
 
 
-class QDQPrepare(Pass):
-    """Regularise Q/DQ nodes before the float pipeline (see the module docstring)."""
-
-    name = "qdq_prepare"
+class _TargetPass(Pass):
+    """A Q/DQ pass that depends on the runtime it prepares for (``TARGETS``)."""
 
     def __init__(self, target: str = "onert"):
         super().__init__()
         self.target = check_target(target)
+
+
+class QDQPrepare(_TargetPass):
+    """Regularise Q/DQ nodes before the float pipeline (see the module docstring)."""
+
+    name = "qdq_prepare"
 
     def run(self, program) -> bool:
         g = program.gm.graph
@@ -180,14 +184,10 @@ def _merge_duplicates(value: fx.Node, kind, order: dict) -> bool:
 
 # --------------------------------------------------------------------------- lowering
 
-class QDQLower(Pass):
+class QDQLower(_TargetPass):
     """``DQ -> op -> Q`` -> one quantized op where the target has a kernel; QUANT_META on Q."""
 
     name = "qdq_lower"
-
-    def __init__(self, target: str = "onert"):
-        super().__init__()
-        self.target = check_target(target)
 
     def kinds(self) -> dict:
         fused = {aten.linear.default: qops.q_linear, aten.add.Tensor: qops.q_add, aten.mul.Tensor: qops.q_mul,
