@@ -25,7 +25,7 @@ the row of their text decoder), speculative-decoding drafters, models that need 
 other than ``input_ids``, or classes missing from this transformers build.
 
 Used by ``scripts/model_support.py`` (the table in docs/model-support.md) and by the slow
-test ``tests/test_hf_families.py``.
+test ``tests/e2e/test_hf_families.py``.
 """
 from __future__ import annotations
 

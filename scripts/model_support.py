@@ -10,7 +10,7 @@ build the tiny random model, count the RMSNorm modules it *executes* (forward ho
 it with circle_fx (default pipeline, unpatched), run the Circle file in onert and compare the
 logits with eager. Each family runs in its own forked process with a timeout, so a crash or
 a hang in one family cannot stop the table. The results also go to docs/model-support.json,
-which the slow test tests/test_hf_families.py reads to know which families must keep working.
+which the slow test tests/e2e/test_hf_families.py reads to know which families must keep working.
 """
 from __future__ import annotations
 

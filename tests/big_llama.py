@@ -2,7 +2,7 @@
 
     python tests/big_llama.py OUT_DIR      # prints one JSON line of measurements
 
-Used by ``tests/test_quant_big.py`` (slow) in a subprocess, so its peak RSS is this run's
+Used by ``tests/quant/test_quant_big.py`` (slow) in a subprocess, so its peak RSS is this run's
 alone. The model is built on the meta device and materialised with ``to_empty`` + in-place
 ``normal_``: one float copy of the weights exists, never two (a plain constructor would
 initialise, and ``load_state_dict`` of random weights would hold a second copy).

@@ -1,5 +1,5 @@
 """Shared pytest setup for circle_fx tests."""
-# --- verify every emitted model (issue 5) ----------------------------------------------
+# --- verify every emitted model ----------------------------------------------
 # Every CircleModel the tests export (api.lower, inline weights), run (.run) or save
 # (.save) is checked with circle_fx.verify, so structural bugs in any lowering fail the
 # test that produced them instead of surfacing as an onert crash. The library's own

@@ -38,7 +38,7 @@ class LoweringContext:
     example sizes torch.export traced with, for the few places that need a number even for a
     dynamic dim (the ``shape`` field of a tensor). Constants come from ``ctx.constant(node)``;
     dtype, rank and quantization from ``ctx.dtype``, ``ctx.rank``, ``ctx.quantization``.
-    Lowerings use only these (``tests/test_lowering_seam.py`` checks): the program and the
+    Lowerings use only these (``tests/lowerings/test_lowering_seam.py`` checks): the program and the
     builder stay private to the context, so their layout can change without touching lowerings.
     """
 

@@ -5,7 +5,7 @@ Registered by :func:`register`, which the Q/DQ passes call when a graph holds
 cannot be registered when circle_fx is). They are not among the built-in lowerings under
 ``circle_fx.emit.lowerings`` (whose table test runs each with float inputs in onert):
 uint8 model inputs break onert's ``infer()``, so these are exercised end to end through
-PT2E-quantized models instead (``tests/test_pt2e_*.py``). They use only the
+PT2E-quantized models instead (``tests/quant/test_pt2e_*.py``). They use only the
 ``LoweringContext`` seam, like the built-ins.
 
 Every integer tensor carries its :class:`~circle_fx.circle.schema.QuantParams` (the Q/DQ

@@ -7,7 +7,7 @@ K/V head covers its whole group. The scores are reshaped to [B,H,L,S] for the ma
 (GATHER or BROADCAST_TO) copies them; in a KV-cache decode step that is the whole cache per
 layer and call (a quarter of the 125M Llama's decode time, docs/onert-findings.md §7).
 K is read through BATCH_MATMUL's ``adjointRhs`` (onert honours it: findings §3; exact in
-tests/test_llm_gqa.py) instead of a TRANSPOSE, for the same reason.
+tests/passes/test_gqa.py) instead of a TRANSPOSE, for the same reason.
 
 Static shapes only (the caller falls back to repeating heads for dynamic lengths); not
 called with ``is_causal`` (the caller's constant triangle handles that case).

@@ -67,7 +67,7 @@ def test_reduction_of_a_5d_tensor(fn):
 
 def test_reduction_axes_that_alternate_still_fold():
     """Reduced and kept dims alternate 5 times: the size-1 dim drops out (4 runs, one SUM);
-    this was a clear error before (tests/test_high_rank_ops.py covers 5 runs: TRANSPOSE first)."""
+    this was a clear error before (tests/lowerings/test_high_rank_ops.py covers 5 runs: TRANSPOSE first)."""
     cm = assert_onert_matches_eager(Fn(lambda x: x.sum((0, 2, 4))), (X5,), **TOL)
     assert cm.op_histogram()["SUM"] == 1
 

@@ -112,7 +112,7 @@ def test_several_axes():
 
 
 def test_keepdim_false_readded_at_once_fuses():
-    """``mean(-1).unsqueeze(-1)`` is ``keepdim=True`` (issue 9): it fuses, nothing to explain."""
+    """``mean(-1).unsqueeze(-1)`` is ``keepdim=True``: it fuses, nothing to explain."""
     result = circle_fx.explain(NoKeepdim(), (torch.randn(2, 5, 16),))
     assert len(result.fused) == 1 and result.entries == [], result.format()
 

@@ -1,4 +1,4 @@
-"""Bad output paths, half-precision models, onert's own output, unnamed sources (issue 9 item 5).
+"""Bad output paths, half-precision models, onert's own output, unnamed sources.
 
 - An output path that cannot be written is refused *before* any conversion, by
   ``CircleModel.save`` (:class:`OutputError`) and by ``circle-fx export -o`` (exit code 1,
@@ -26,7 +26,7 @@ import circle_fx
 from circle_fx import CircleFxError, OutputError, RuntimeFailure, UnsupportedDtypeError
 from circle_fx.cli import main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

@@ -239,7 +239,7 @@ def _readme_python_blocks() -> list[str]:
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 

@@ -9,7 +9,7 @@ import torch
 from circle_fx.cli import main
 from llm_models import tiny
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where llm_models.py lives
 FACTORY = os.path.join(HERE, "llm_models.py") + ":tiny_llama_factory"
 
 

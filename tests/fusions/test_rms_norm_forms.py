@@ -1,4 +1,4 @@
-"""Issue 9 item 4: RMSNorm written with a re-added dim or with ``linalg.vector_norm``.
+"""RMSNorm written with a re-added dim or with ``linalg.vector_norm``.
 
 Genuine RMSNorms fuse to one RMS_NORM: ``mean(-1)[..., None]`` / ``.unsqueeze(-1)`` is
 ``keepdim=True``; ``x / (vector_norm(x) * D**-0.5)`` is an RMSNorm with epsilon 0;

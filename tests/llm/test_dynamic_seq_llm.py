@@ -1,4 +1,4 @@
-"""Any prompt length from ``input_ids`` alone (issue 11, item 3).
+"""Any prompt length from ``input_ids`` alone .
 
 A transformers causal LM exported ONCE with a dynamic sequence dim and only ``input_ids``
 computes its position ids and causal (and sliding-window) mask from the length at run

@@ -1,4 +1,4 @@
-"""Issue 12: the forms onert runs fastest. Each rewrite is checked where it matters: the
+"""The forms onert runs fastest. Each rewrite is checked where it matters: the
 graph/op counts change as intended, and the Circle file still matches eager in onert.
 
 - ``merge_linears``: sibling linears on one input become one linear + split (QKV and
@@ -24,7 +24,7 @@ from circle_fx.circle.reader import read_circle
 from onert_eager import Fn, assert_onert_matches_eager
 
 aten = torch.ops.aten
-ATOL = 1e-4  # as tests/test_e2e_llama.py
+ATOL = 1e-4  # as tests/e2e/test_llama.py
 
 
 def _linears(program) -> list:

@@ -1,4 +1,4 @@
-"""Static quantization through torch.export + torchao PT2E (issue 10, item 3).
+"""Static quantization through torch.export + torchao PT2E.
 
 A small linear -> residual add -> RMSNorm -> linear model, quantized with
 ``CircleQuantizer`` and exported for both targets:
@@ -139,7 +139,7 @@ def test_weight_only_quantize_of_a_statically_quantized_model_is_refused(convert
 
 def test_readme_pt2e_snippet_is_executed():
     """The README's PT2E example is a ``python`` block, so ``test_readme_examples_run``
-    (tests/test_passes_api.py) executes it as written, asserts included."""
+    (tests/passes/test_passes_api.py) executes it as written, asserts included."""
     from test_passes_api import _readme_python_blocks
 
     block = next(b for b in _readme_python_blocks() if "prepare_pt2e" in b)

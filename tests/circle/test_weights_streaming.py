@@ -1,4 +1,4 @@
-"""Weights go from the torch tensors to the file without extra full copies (issue 4).
+"""Weights go from the torch tensors to the file without extra full copies.
 
 The writer leaves each large inline weight as a hole in the flatbuffer (built in an
 anonymous mmap, whose untouched pages cost no memory) and streams the numpy views into

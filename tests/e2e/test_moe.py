@@ -131,9 +131,7 @@ def test_deepseek_v3_group_limited_routing_matches_eager():
     """n_group/topk_group: top-2 sum per group, top-k groups, scatter into a group mask,
     ``masked_fill(~mask, -inf)``, top-k experts, ``gather`` of their scores. The zeros_like /
     scatter / gather / masked_fill (and MLA's new_empty / copy) decompositions come from the
-    general decomposition pass of issue 9 item 1 (branch ``coverage``)."""
-    pytest.importorskip("circle_fx.passes.decompose_unlowered",
-                        reason="needs the general decomposition of ops without a lowering (issue 9 item 1)")
+    general decomposition pass (``passes/decompose_unlowered.py``)."""
     torch.manual_seed(SEED)
     model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**{**DECODER, **DEEPSEEK_V3})).eval()
     gen = torch.Generator().manual_seed(SEED)

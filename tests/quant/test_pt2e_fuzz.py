@@ -1,4 +1,4 @@
-"""Property tests on quantized graphs (issue 10, item 4): random RMSNorm spellings and
+"""Property tests on quantized graphs: random RMSNorm spellings and
 near misses from ``rms_cases``, quantized with ``CircleQuantizer`` through PT2E, fuse iff
 they are RMSNorms — the Q/DQ nodes the quantizer inserts around a norm do not hide it,
 and those it inserts inside a near miss do not make one.

@@ -311,4 +311,4 @@ def test_tiny_llama_dynamic_seq_with_mask_and_positions_as_inputs(tiny_llama):
 
 
 # A transformers decoder from input_ids alone (positions and mask built at run time): see
-# tests/test_dynamic_seq_llm.py.
+# tests/llm/test_dynamic_seq_llm.py.

@@ -1,4 +1,4 @@
-"""Weight-only int8 export (``quantize="int8-weights"``, issue 10 items 1 and 5).
+"""Weight-only int8 export (``quantize="int8-weights"``).
 
 Every end-to-end check runs the file in onert. Two error sources are bounded separately:
 the FX graph after the quantize pass (dequantized weights, run in eager) against the float

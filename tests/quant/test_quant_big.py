@@ -1,4 +1,4 @@
-"""Issue 10 item 2: a >= 600M-parameter Llama (hidden 1536, 24 layers, vocab 32000) exports with
+"""A >= 600M-parameter Llama (hidden 1536, 24 layers, vocab 32000) exports with
 int8 weights to one file under 2 GiB and runs in onert. Its float32 file (2.8 GB) could not:
 onert 0.1.0 loads nothing over 2 GiB.
 
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where big_llama.py lives
 
 
 @pytest.mark.slow

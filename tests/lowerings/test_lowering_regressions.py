@@ -61,7 +61,7 @@ def test_topk_indices_need_no_wrap():
 
 def test_int64_sum_is_a_clear_error():
     """A sum of int64 values (not provably within int32) stays a clear error; a sum of bools
-    is now exact as an int32 SUM (tests/test_missing_ops.py::...[sum_bool_int64])."""
+    is now exact as an int32 SUM (tests/lowerings/test_family_op_forms.py::...[sum_bool_int64])."""
     with pytest.raises(circle_fx.UnsupportedOpError, match="int32"):
         circle_fx.export(Fn(lambda x: (x * 1000).long().sum(dim=-1)), (X2,))
 

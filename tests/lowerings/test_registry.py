@@ -17,7 +17,7 @@ from circle_fx.emit import registry
 from circle_fx.emit.registry import LOWERINGS, builtin_targets, lowering, lowering_for
 
 aten = torch.ops.aten
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 #: erf(x) ~ tanh(2/sqrt(pi) * (x + 0.08943 x^3)) (the GELU tanh approximation; |error| < 4e-4)
 USER_ERF = textwrap.dedent("""

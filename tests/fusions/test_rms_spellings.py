@@ -1,4 +1,4 @@
-"""Every RMSNorm spelling listed in the issue fuses to exactly one ``circle::rms_norm``
+"""Every RMSNorm spelling circle_fx claims fuses to exactly one ``circle::rms_norm``
 and keeps the numerics of eager PyTorch.
 
 FX-level checks (``program.run`` of the fused graph vs the eager module) run in float32,

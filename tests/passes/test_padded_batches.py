@@ -1,4 +1,4 @@
-"""Padded batches (issue 9 item 3) and the multi-index rewrite behind them.
+"""Padded batches and the multi-index rewrite behind them.
 
 A causal LM called with a 2-D ``attention_mask`` builds its mask as
 ``attention_mask[batch_idx, kv_idx]``: indexing with two index tensors, GATHER_ND in
