@@ -14,6 +14,7 @@ from .passes import Pass, Pipeline, default_pipeline
 from .program import Program
 from .quant import QuantConfig
 from .quant import ops as _quant_ops  # noqa: F401  (registers torch.ops.circle.linear_w8/embedding_w8)
+from .quant import lowerings as _quant_lowerings  # noqa: F401  (registers the quantized ops' lowerings)
 from .circle.verify import VerifyReport, verify
 
 

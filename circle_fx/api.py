@@ -50,7 +50,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     as int8 and embedding tables as uint8, one scale per row; activations stay float32.
     """
     if quant_target is not None:
-        from .passes.qdq import check_target
+        from .quant.qdq import check_target
 
         check_target(quant_target)  # a bad value fails before the (slow) capture
     quantize = resolve_quantize(quantize)  # likewise
@@ -75,7 +75,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     """Run passes over an already captured :class:`Program` and emit it.
 
     A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
-    (:func:`circle_fx.passes.qdq.bracket`), so fusions see through them.
+    (:func:`circle_fx.quant.qdq.bracket`), so fusions see through them.
     ``quantize`` appends the weight quantization pass after ``passes`` (so fusions and any
     weight merging see float weights, and merged weights get one scale per merged row).
     """
@@ -83,7 +83,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     progress = progress or NullProgress()
     t1 = time.perf_counter()
     pipeline = default_pipeline() if passes is None else list(passes)
-    from .passes.qdq import bracket, has_qdq
+    from .quant.qdq import bracket, has_qdq
 
     pipeline = bracket(program, pipeline, quant_target)
     quantize = resolve_quantize(quantize)

@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from .errors import CaptureError, InputError
+from .meta import CONSTANT_NAMES
 from .program import Program, add_constant
 from .source import source_line
 from .precision import float32_for_export
@@ -234,7 +235,7 @@ def program_from_export(ep: ExportedProgram) -> Program:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             tensor = constants[spec.target].detach()
             name = add_constant(gm, tensor, spec.target)
-            gm.meta.setdefault("circle_fx.constant_names", {})[name] = spec.target  # for messages, skip lists
+            gm.meta.setdefault(CONSTANT_NAMES, {})[name] = spec.target  # for messages, skip lists
             with gm.graph.inserting_before(first):
                 attr = gm.graph.get_attr(name)
             attr.meta.update(node.meta)

@@ -16,13 +16,12 @@ import torch.fx as fx
 from ..circle.schema import CIRCLE_TO_NUMPY, QuantParams
 from ..errors import UnsupportedOpError
 from ..fx_utils import dtype_of, val
+from ..meta import QUANT_META
 from ..program import Program, fetch_attr
 from ..source import op_name, source_line
 from .builder import ModelBuilder
 from .types import TORCH_TO_CIRCLE, circle_type, numpy_dtype, to_numpy
 
-#: ``node.meta`` key of a node's :class:`QuantParams` (set by quantization passes)
-QUANT_META = "circle_fx.quant"
 
 
 def quantization_of(node) -> QuantParams | None:

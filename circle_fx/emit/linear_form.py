@@ -22,13 +22,15 @@ int8 kernel was measured.
 """
 from __future__ import annotations
 
+from ..meta import LINEAR_FORM
+
 FULLY_CONNECTED = "fully_connected"
 CONV_2D = "conv_2d"
 BATCH_MATMUL = "batch_matmul"
 FORMS = (FULLY_CONNECTED, CONV_2D, BATCH_MATMUL)
 
 #: meta key that forces the form of one linear node
-META_KEY = "circle_fx.linear_form"
+META_KEY = LINEAR_FORM
 
 #: CONV_2D from this many rows (tokens) up (docs/onert-findings.md "Linear forms": whole
 #: 125M model at S = 128 0.67x with a free core; one linear at S <= 16 1.3-2x slower)

@@ -4,8 +4,9 @@
     def _(ctx, node):
         ctx.op(BO.NEG, [ctx.tensor(node.args[0])], [ctx.output(node)])
 
-The built-in lowerings (every module under ``circle_fx.emit.lowerings``) are registered
-when ``circle_fx.emit`` is imported, i.e. before any user code can call :func:`lowering`:
+The built-in lowerings (every module under ``circle_fx.emit.lowerings``, and the quantized
+ops' lowerings under ``circle_fx.quant.lowerings``: :data:`BUILTIN_PACKAGES`) are registered
+when ``circle_fx`` is imported, i.e. before any user code can call :func:`lowering`:
 a user lowering for a new op only adds to the table. Registering a target that already has
 a lowering replaces it and warns (``override=True`` says it is meant), so a typo'd or
 duplicated registration cannot silently change what an existing op becomes.
@@ -43,9 +44,11 @@ def lowering_for(target) -> Callable | None:
     return LOWERINGS.get(target)
 
 
-def builtin_targets() -> set:
-    """Targets whose lowering is a built-in one (defined under ``circle_fx.emit.lowerings``)."""
-    return {t for t, fn in LOWERINGS.items() if getattr(fn, "__module__", "").startswith(_BUILTIN_PACKAGE)}
+#: packages whose modules hold built-in lowerings (imported eagerly with circle_fx)
+BUILTIN_PACKAGES = ("circle_fx.emit.lowerings", "circle_fx.quant.lowerings")
 
 
-_BUILTIN_PACKAGE = "circle_fx.emit.lowerings."
+def builtin_targets(packages=BUILTIN_PACKAGES) -> set:
+    """Targets whose lowering is a built-in one (defined in a module under one of ``packages``)."""
+    prefixes = tuple(f"{p}." for p in packages)
+    return {t for t, fn in LOWERINGS.items() if getattr(fn, "__module__", "").startswith(prefixes)}

@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 
 from ..circle.schema import QuantParams
-from ..emit.context import QUANT_META
+from ..meta import QUANT_META
 from ..fx_utils import arguments, dtype_of, fake_mode_of, make_node, static_shape
 from ..program import add_constant, fetch_attr
 from .base import Pass

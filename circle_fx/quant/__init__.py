@@ -5,7 +5,7 @@
 - Static quantization (PT2E): :class:`CircleQuantizer` annotates a ``torch.export``-ed model
   for ``torchao.quantization.pt2e`` (``prepare_pt2e`` -> calibrate -> ``convert_pt2e``);
   ``circle_fx.export(converted, inputs, quant_target="onert" | "npu")`` then turns the
-  quantize/dequantize nodes into Circle quantization (:mod:`circle_fx.passes.qdq`).
+  quantize/dequantize nodes into Circle quantization (:mod:`circle_fx.quant.qdq`).
   ``qops`` holds the quantized torch custom ops those passes produce.
 
 The quantizer needs torchao (``pip install circle-fx[quant]``); it is imported on first use

@@ -1,6 +1,6 @@
 """Quantized Circle ops as torch custom ops (``torch.ops.circle.q_*``).
 
-The Q/DQ pass (:mod:`circle_fx.passes.qdq`) replaces a ``dequantize -> op -> quantize``
+The Q/DQ pass (:mod:`circle_fx.quant.qdq`) replaces a ``dequantize -> op -> quantize``
 chain by one of these. Their operands and results are the *integer* tensors (uint8 or
 int8) the Circle file holds, and their arguments carry every scale and zero point, so a
 rewritten graph still runs in eager PyTorch: each eager kernel dequantizes, computes in

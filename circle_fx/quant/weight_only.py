@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..emit.context import QUANT_META
+from ..meta import CONSTANT_NAMES, QUANT_META
 from ..circle.schema import QuantParams
 from ..errors import InputError
 from ..fx_utils import fake_mode_of, make_node
@@ -127,7 +127,7 @@ class QuantizeWeights(Pass):
     def run(self, program) -> bool:
         cfg = self.config
         gm, g = program.gm, program.graph
-        names = gm.meta.get("circle_fx.constant_names", {})
+        names = gm.meta.get(CONSTANT_NAMES, {})
         record = QuantizationRecord(cfg)
         matched = set()
         changed = False

@@ -17,7 +17,7 @@ from circle_fx.circle import schema
 from circle_fx.circle.inspect import format_circle
 from circle_fx.circle.reader import read_circle
 from circle_fx.circle.schema import BO, QuantParams
-from circle_fx.emit.context import QUANT_META
+from circle_fx.meta import QUANT_META
 
 PKG = pathlib.Path(circle_fx.__file__).parent / "circle"
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import circle_fx
 from circle_fx.emit.emitter import emit
 from circle_fx.emit.registry import LOWERINGS, builtin_targets
+from circle_fx.quant.lowerings import static
 from circle_fx.emit.writer import serialize
 from circle_fx.model import CircleModel, ExportReport
 from circle_fx.ops import rms_norm, rope
@@ -301,6 +302,8 @@ def test_identity_lowering_runs_in_onert(target):
 def test_table_covers_the_registry():
     """A new built-in lowering needs a case here (and a case needs a lowering)."""
     table = set(CASES) | set(DYNAMIC_CASES) | set(RETARGET_CASES)
-    builtin = builtin_targets()
+    # the static-quantization lowerings take uint8 model inputs, which break onert's infer():
+    # they run end to end through PT2E-quantized models (tests/quant/test_pt2e_*.py)
+    builtin = builtin_targets() - {t for t, fn in LOWERINGS.items() if fn.__module__ == static.__name__}
     assert not builtin - table, f"lowerings without a case: {sorted(map(op_name, builtin - table))}"
     assert not table - builtin, f"cases without a lowering: {sorted(map(op_name, table - builtin))}"

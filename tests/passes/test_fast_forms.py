@@ -243,7 +243,7 @@ def test_merge_linears_concatenates_per_channel_quantization():
     """A quantization pass that ran first: per-output-channel scales concatenate in member
     order; per-tensor scales merge only when equal."""
     from circle_fx.circle.schema import QuantParams
-    from circle_fx.emit.context import QUANT_META
+    from circle_fx.meta import QUANT_META
 
     torch.manual_seed(0)
     m = torch.nn.ModuleDict({k: torch.nn.Linear(8, n, bias=False) for k, n in (("q", 4), ("k", 2), ("v", 2))})

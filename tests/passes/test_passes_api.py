@@ -235,17 +235,11 @@ def test_non_callable_pass_is_rejected(model_and_input):
 
 # ------------------------------------------------------------------------------ README
 
-def _readme_python_blocks() -> list[str]:
-    import pathlib
-    import re
-
-    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
-
-
 def test_readme_examples_run(tmp_path, monkeypatch, capsys):
     """The README's API and custom-pass examples are executed as written."""
-    blocks = _readme_python_blocks()
+    from readme import python_blocks
+
+    blocks = python_blocks()
     assert len(blocks) >= 2 and any("insert_after" in b for b in blocks)
     monkeypatch.chdir(tmp_path)
     for block in blocks:

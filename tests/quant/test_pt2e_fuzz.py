@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import circle_fx
 from circle_fx.passes import default_pipeline, finalize_pipeline, run_passes
-from circle_fx.passes.qdq import bracket, is_dq
+from circle_fx.quant.qdq import bracket, is_dq
 from pt2e_util import quantize_pt2e
 from rms_cases import as_tuple, cases, expected_fusions, rms_nodes
 

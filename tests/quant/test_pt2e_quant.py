@@ -140,9 +140,9 @@ def test_weight_only_quantize_of_a_statically_quantized_model_is_refused(convert
 def test_readme_pt2e_snippet_is_executed():
     """The README's PT2E example is a ``python`` block, so ``test_readme_examples_run``
     (tests/passes/test_passes_api.py) executes it as written, asserts included."""
-    from test_passes_api import _readme_python_blocks
+    from readme import python_blocks
 
-    block = next(b for b in _readme_python_blocks() if "prepare_pt2e" in b)
+    block = next(b for b in python_blocks() if "prepare_pt2e" in b)
     assert "quant_target=\"onert\"" in block and "cm.run(" in block and "assert" in block
 
 

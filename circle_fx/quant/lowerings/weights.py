@@ -24,10 +24,9 @@ import math
 import numpy as np
 import torch
 
-from ...circle.schema import QuantParams
-from ...quant.ops import embedding_w8, linear_w8
-from ..registry import lowering
-from ._common import BO, options
+from ...circle.schema import BO, QuantParams, make_options as options
+from ...emit.registry import lowering
+from ..ops import embedding_w8, linear_w8
 
 _HYBRID = QuantParams(1.0, 0)
 

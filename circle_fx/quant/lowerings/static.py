@@ -1,12 +1,13 @@
 """Lowerings of statically quantized graphs: QUANTIZE / DEQUANTIZE and the integer kernels.
 
-Registered by :func:`register`, which the Q/DQ passes call when a graph holds
-``quantized_decomposed`` nodes (those ops exist only once torchao is imported, so they
-cannot be registered when circle_fx is). They are not among the built-in lowerings under
-``circle_fx.emit.lowerings`` (whose table test runs each with float inputs in onert):
-uint8 model inputs break onert's ``infer()``, so these are exercised end to end through
-PT2E-quantized models instead (``tests/quant/test_pt2e_*.py``). They use only the
-``LoweringContext`` seam, like the built-ins.
+Registered when circle_fx is imported, like every other lowering. The ``quantized_decomposed``
+ops that PT2E's ``convert_pt2e`` produces are defined by
+``torch.ao.quantization.fx._decomposed`` (part of torch, quiet and cheap to import; torchao
+uses the same ops), so they exist without torchao. These lowerings are not in the
+one-op-in-onert table (``tests/lowerings/test_every_lowering.py``, float inputs): uint8 model
+inputs break onert's ``infer()``, so they are exercised end to end through PT2E-quantized
+models instead (``tests/quant/test_pt2e_*.py``). They use only the ``LoweringContext`` seam,
+like the built-ins.
 
 Every integer tensor carries its :class:`~circle_fx.circle.schema.QuantParams` (the Q/DQ
 pass puts them in the node's quantization slot and ``ctx.output`` writes them), so a
@@ -20,32 +21,21 @@ import math
 import numpy as np
 import torch
 
-from ..circle.schema import BO, QuantParams, default_options, make_options as options
-from ..emit.registry import lowering
-from . import qops
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.quantized_decomposed.*)
 
-_registered = False
+from ...circle.schema import BO, QuantParams, default_options, make_options as options
+from ...emit.registry import lowering
+from .. import qops
 
-
-def register() -> None:
-    """Register every lowering here (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    ns = torch.ops.quantized_decomposed
-    lowering(ns.quantize_per_tensor.default, override=True)(quantize)
-    lowering(ns.dequantize_per_tensor.default, override=True)(dequantize)
-    lowering(qops.q_linear, override=True)(q_linear)
-    lowering(qops.q_add, qops.q_mul, override=True)(q_binary)
-    lowering(qops.q_embedding, override=True)(q_embedding)
-    lowering(qops.q_rms_norm, override=True)(q_rms_norm)
-    _registered = True
+_QD = torch.ops.quantized_decomposed
 
 
+@lowering(_QD.quantize_per_tensor.default)
 def quantize(ctx, node):
     ctx.op(BO.QUANTIZE, [ctx.tensor(node.args[0])], [ctx.output(node)], default_options(BO.QUANTIZE))
 
 
+@lowering(_QD.dequantize_per_tensor.default)
 def dequantize(ctx, node):
     src = node.args[0]
     if ctx.quantization(src) is None:
@@ -61,6 +51,7 @@ def _reshaped(ctx, idx, dims, quant, name):
     return out
 
 
+@lowering(qops.q_linear)
 def q_linear(ctx, node):
     """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias; N-D input as for float linear."""
     x, xs, _, w, ws, _, b = node.args[:7]
@@ -83,12 +74,14 @@ def q_linear(ctx, node):
         ctx.op(BO.RESHAPE, [fc_out, ctx.int_const(out_dims)], [ctx.output(node)])
 
 
+@lowering(qops.q_add, qops.q_mul)
 def q_binary(ctx, node):
     code, opt = (BO.ADD, "AddOptions") if node.target is qops.q_add else (BO.MUL, "MulOptions")
     a, b = node.args[0], node.args[3]
     ctx.op(code, [ctx.tensor(a), ctx.tensor(b)], [ctx.output(node)], options(opt))
 
 
+@lowering(qops.q_embedding)
 def q_embedding(ctx, node):
     """GATHER of uint8 rows: the output shares the table's quantization (onert: exact)."""
     w, ids = node.args[0], node.args[3]
@@ -96,6 +89,7 @@ def q_embedding(ctx, node):
            options("GatherOptions", axis=0, batchDims=0))
 
 
+@lowering(qops.q_rms_norm)
 def q_rms_norm(ctx, node):
     """One RMS_NORM on integer tensors (``npu`` target); gamma is a quantized constant."""
     x, w, eps = node.args[0], node.args[3], node.args[6]

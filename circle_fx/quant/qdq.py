@@ -15,7 +15,7 @@ unchanged:
   ``onert`` target int8 activations become uint8 (``q + 128``, same real values): onert
   0.1.0's QUANTIZE to int8 is silently wrong, uint8 is exact.
 - :class:`QDQLower` (last) turns each ``DQ -> op -> Q`` chain into one quantized op
-  (:mod:`circle_fx.quant.qops`) where the target has an integer kernel, and puts the
+  (:mod:`.qops`) where the target has an integer kernel, and puts the
   output parameters on every remaining Q (``meta[QUANT_META]``), which the emitter writes
   as the tensor's quantization. What stays is float islands: ``DEQUANTIZE -> float ops ->
   QUANTIZE``, which compute exactly what the fake-quantized torch graph computes.
@@ -31,19 +31,17 @@ import torch
 import torch.fx as fx
 
 from ..circle.schema import QuantParams
-from ..emit.context import QUANT_META
 from ..errors import InputError
 from ..fx_utils import fake_mode_of, make_node
+from ..meta import DEQUANTIZED_FROM, QUANT_META
 from ..ops import rms_norm
 from ..program import add_constant, fetch_attr
-from ..quant import qops
-from .base import Pass
+from ..passes.base import Pass
+from . import qops
 
 aten = torch.ops.aten
 
 TARGETS = ("onert", "npu")
-#: meta key on a DQ node (and on the float constant folding makes of it): ``(QuantParams, dtype)``
-DEQUANTIZED_FROM = "circle_fx.dequantized_from"
 _NS = "quantized_decomposed"
 
 
@@ -75,9 +73,6 @@ def bracket(program, pipeline: list, target: str | None) -> list:
             raise InputError(f"quant_target={target!r} was given, but the model has no quantize/dequantize "
                              "nodes; quantize it first (circle_fx.quant: prepare_pt2e -> calibrate -> convert_pt2e)")
         return pipeline
-    from ..quant import lowerings
-
-    lowerings.register()
     target = check_target(target or "onert")
     return [QDQPrepare(target), *pipeline, QDQLower(target)]
 
