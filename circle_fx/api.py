@@ -32,7 +32,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
            verbose: bool | None = None, switch_implementations: bool = True,
            cast_to_float32: bool = False, quant_target: str | None = None,
-           quantize: str | QuantConfig | None = None) -> CircleModel:
+           quantize: str | QuantConfig | None = None, verify: bool = True) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -48,6 +48,10 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     fully quantized RMS_NORM, which no public runtime runs).
     ``quantize``: ``"int8-weights"`` (or a :class:`circle_fx.QuantConfig`) stores linear weights
     as int8 and embedding tables as uint8, one scale per row; activations stay float32.
+    ``verify``: check the emitted file with :func:`circle_fx.verify` before returning it
+    (a malformed file is a :class:`VerifyError` here, not a crash inside onert later); it
+    costs a few percent of the export time (``benchmarks/convert_speed.py``). ``False``
+    skips it.
     """
     if quant_target is not None:
         from .quant.qdq import check_target
@@ -63,7 +67,8 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
         t1 = time.perf_counter()
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
-                   capture_seconds=t1 - t0, progress=progress, quant_target=quant_target, quantize=quantize)
+                   capture_seconds=t1 - t0, progress=progress, quant_target=quant_target, quantize=quantize,
+                   verify=verify)
     if verbose:
         print_timings(report.timings)
     return cm
@@ -71,13 +76,16 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
 
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
           capture_seconds: float = 0.0, progress: NullProgress | None = None,
-          quant_target: str | None = None, quantize: str | QuantConfig | None = None) -> CircleModel:
+          quant_target: str | None = None, quantize: str | QuantConfig | None = None,
+          verify: bool = True) -> CircleModel:
     """Run passes over an already captured :class:`Program` and emit it.
 
     A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
     (:func:`circle_fx.quant.qdq.bracket`), so fusions see through them.
     ``quantize`` appends the weight quantization pass after ``passes`` (so fusions and any
     weight merging see float weights, and merged weights get one scale per merged row).
+    ``verify`` as for :func:`export`: inline models are checked here; a model with external
+    weights (> 2 GB) is checked when saved, on the written file, before it is renamed into place.
     """
     report = report or ExportReport()
     progress = progress or NullProgress()
@@ -109,4 +117,8 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     serialized = serialize(builder, external=external_weights)
     t3 = time.perf_counter()
     report.timings = {"export": capture_seconds, "passes": t2 - t1, "emit": t3 - t2}
-    return CircleModel(builder, serialized, report)
+    cm = CircleModel(builder, serialized, report)
+    if verify:
+        cm.check()
+        report.timings["verify"] = time.perf_counter() - t3
+    return cm

@@ -42,6 +42,30 @@ class CircleModel:
         self.report = report
         self._session = None
         self._session_path: str | None = None
+        #: True once :func:`circle_fx.verify` passed on these bytes (``export(verify=True)``)
+        self.verified = False
+        self._verify_written = False  # external weights: verify the written file instead
+
+    def check(self) -> None:
+        """Verify the emitted model (:func:`circle_fx.verify`); what ``export(verify=True)`` calls.
+
+        Inline models are checked at once on the flatbuffer as built (the large weights are
+        not copied in: verify needs only structure). A model with external weights is checked
+        when written, on the temp file before it is renamed into place, so a >2 GB model is
+        never copied in memory and an invalid file is never left at the user's path."""
+        if self.serialized.external:
+            self._verify_written = True
+            return
+        _verified(self, "the emitted model")
+        self.verified = True
+
+    def _write(self, path: str) -> None:
+        check = None
+        if self._verify_written and not self.verified:
+            def check(tmp):
+                _verified(tmp, path)
+                self.verified = True
+        write_atomic(path, self.serialized, check=check)
 
     # ---------------------------------------------------------------- output
     def save(self, path: str | os.PathLike) -> str:
@@ -56,7 +80,7 @@ class CircleModel:
 
             warnings.warn(f"{path}: onert only loads files named *.circle", stacklevel=2)
         try:
-            write_atomic(path, self.serialized)
+            self._write(path)
         except OSError as e:  # e.filename may be the temp file: name the user's path only
             raise OutputError(f"{path}: cannot write: {e.strerror or e}") from None
         return path
@@ -81,8 +105,10 @@ class CircleModel:
         arrays = [self._check_input(k, x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x))
                   for k, x in enumerate(inputs)]
         if self._session is None:
+            if not self.verified:  # onert segfaults on a malformed file: never hand it one unchecked
+                self.check()
             path = temp_circle_path()
-            write_atomic(path, self.serialized)
+            self._write(path)
             self._session_path = path
             self._session = OnertSession(path)
         return self._session.run(arrays)
@@ -165,3 +191,15 @@ class CircleModel:
     def __repr__(self) -> str:
         return (f"<CircleModel {len(self.builder.operators)} ops, {self.size:,} bytes, "
                 f"{len(self.report.fusions)} fusions>")
+
+
+def _verified(src, name: str) -> None:
+    """:func:`circle_fx.verify` ``src``; a failure is circle_fx's own bug, and says so."""
+    from .circle.verify import verify
+    from .errors import VerifyError
+
+    try:
+        verify(src)
+    except VerifyError as e:
+        raise VerifyError(f"circle_fx emitted an invalid Circle file ({name}); this is a circle_fx bug, please "
+                          f"report it (export(..., verify=False) skips the check):\n{e}", e.problems) from None

@@ -273,13 +273,17 @@ def _vector(b: flatbuffers.Builder, arr: np.ndarray, pending: list | None = None
     return b.EndVector()
 
 
-def write_atomic(path: str | os.PathLike, data: Serialized) -> None:
-    """Write to ``path.tmp-PID`` then rename, so a crash never leaves half a model."""
+def write_atomic(path: str | os.PathLike, data: Serialized, check=None) -> None:
+    """Write to ``path.tmp-PID`` then rename, so a crash never leaves half a model.
+    ``check(tmp_path)``, when given, runs on the complete temp file before the rename
+    (a file it rejects is removed, never renamed into place)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
             data.write_to(f)
+        if check is not None:
+            check(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

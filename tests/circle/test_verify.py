@@ -101,24 +101,51 @@ def test_roundtrip_through_object_api_still_verifies(good):
     circle_fx.verify(mutate(good, lambda m, sg: None))
 
 
-# -------------------------------------------------------------------- test hook
-def test_conftest_hook_verifies_every_run_and_save(cover, tmp_path):
-    import os
+# ------------------------------------------------------------- export verifies
+def _tag_float_as_quantized(program) -> bool:
+    """A broken pass: quantization parameters on FLOAT32 tensors (verify rejects them)."""
+    from circle_fx.circle.schema import QuantParams
+    from circle_fx.emit.context import QUANT_META
 
-    if os.environ.get("CIRCLE_FX_VERIFY", "1") == "0":
-        pytest.skip("hook disabled by CIRCLE_FX_VERIFY=0")
-    import circle_fx.api
+    for n in program.graph.nodes:
+        if n.op == "call_function" and "linear" in str(n.target):
+            n.meta[QUANT_META] = QuantParams(0.05, 128)
+    return False
 
-    assert hasattr(CircleModel.run, "__wrapped__") and hasattr(CircleModel.save, "__wrapped__")
-    assert hasattr(circle_fx.api.lower, "__wrapped__")
-    assert getattr(cover[0], "_cfx_verified", False)  # verified as soon as it was exported
+
+def _broken_pipeline():
+    pipeline = circle_fx.default_pipeline()
+    pipeline.append(_tag_float_as_quantized)
+    return pipeline
+
+
+def test_export_verifies_what_it_emits(cover, tmp_path):
     cm, model, inputs = cover
+    assert cm.verified and "verify" in cm.report.timings
+    with pytest.raises(VerifyError, match="circle_fx bug") as e:
+        circle_fx.export(nn.Linear(8, 4).eval(), (torch.randn(2, 8),), passes=_broken_pipeline())
+    assert any("FLOAT32 tensor carries quantization" in p for p in e.value.problems)
+    unchecked = circle_fx.export(nn.Linear(8, 4).eval(), (torch.randn(2, 8),), passes=_broken_pipeline(),
+                                 verify=False)
+    assert not unchecked.verified and "verify" not in unchecked.report.timings
+    with pytest.raises(VerifyError):  # but it is never handed to onert unchecked
+        unchecked.run(torch.randn(2, 8))
     bad = mutate(cm.to_bytes(), lambda m, sg: setattr(sg.operators[0], "inputs", np.array([99, 0])))
     broken = CircleModel(cm.builder, Serialized(memoryview(bad)), cm.report)
     with pytest.raises(VerifyError, match="out of range"):
         broken.run(*inputs)
-    with pytest.raises(VerifyError):
-        broken.save(tmp_path / "broken.circle")
+
+
+def test_external_weights_are_verified_on_the_written_file(tmp_path):
+    model, x = nn.Linear(64, 64).eval(), torch.randn(2, 64)
+    cm = circle_fx.export(model, (x,), external_weights=True)
+    assert cm.serialized.external and not cm.verified  # no in-memory copy of the weights to check
+    cm.save(tmp_path / "ok.circle")
+    assert cm.verified
+    bad = circle_fx.export(model, (x,), external_weights=True, passes=_broken_pipeline())
+    with pytest.raises(VerifyError, match="circle_fx bug"):
+        bad.save(tmp_path / "bad.circle")
+    assert list(tmp_path.iterdir()) == [tmp_path / "ok.circle"]  # nothing half-written or invalid left
 
 
 # ------------------------------------------------------------------ corruptions
