@@ -105,7 +105,7 @@ def test_roundtrip_through_object_api_still_verifies(good):
 def _tag_float_as_quantized(program) -> bool:
     """A broken pass: quantization parameters on FLOAT32 tensors (verify rejects them)."""
     from circle_fx.circle.schema import QuantParams
-    from circle_fx.emit.context import QUANT_META
+    from circle_fx.meta import QUANT_META
 
     for n in program.graph.nodes:
         if n.op == "call_function" and "linear" in str(n.target):
