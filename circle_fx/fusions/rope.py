@@ -80,9 +80,3 @@ RULES = [Rewrite("rope_rotate_half", Pattern(rope_rotate_half), _replace, (_chec
 # No explain candidates: a multi-position RoPE (every prefill, every plain export) is
 # *correctly* left decomposed, and listing each one as "not fused" would only be noise.
 FAMILY = register_family(FusionFamily("rope", RULES, op=rope, title="RoPE"))
-
-
-def fuse_rope(record_failures: bool = False):
-    from ..passes import fuse_family
-
-    return fuse_family(FAMILY, record_failures)

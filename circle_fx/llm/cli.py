@@ -11,7 +11,7 @@ from ..errors import InputError
 def cmd_export_llm(args) -> int:
     import torch
 
-    from ..cli import load_factory
+    from ..factory import load_factory
     from .export import export_llm
 
     factory = load_factory(args.model)

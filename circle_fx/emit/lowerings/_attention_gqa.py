@@ -19,9 +19,9 @@ import math
 from ._common import BO, options
 
 
-def sdpa_grouped(ctx, node, q, k, v, mask, scale):
-    from .attention import _apply_mask
-
+def sdpa_grouped(ctx, node, q, k, v, mask, scale, apply_mask):
+    """``apply_mask``: the caller's ``(ctx, scores, dims, hint, mask, dt, dynamic)`` masking
+    step, passed in so that this helper does not import its caller back."""
     dt = ctx.dtype(node)
     b, h, L, e = ctx.shape_hint(q)
     kb, hk, S, _ = ctx.shape_hint(k)
@@ -40,7 +40,7 @@ def sdpa_grouped(ctx, node, q, k, v, mask, scale):
     ctx.op(BO.MUL, [scores, ctx.tensor(float(scale), dt)], [logits], options("MulOptions"))
     dims = [b, h, L, S]
     if mask is not None:
-        logits, dims, _ = _apply_mask(ctx, logits, dims, list(dims), mask, dt, False)
+        logits, dims, _ = apply_mask(ctx, logits, dims, list(dims), mask, dt, False)
     if list(dims) != [b, h, L, S]:
         raise ctx.error(f"a mask that broadcasts the scores to {dims} is not supported with grouped K/V heads")
     probs = ctx.new_tensor([b, h, L, S], dt, "probs")

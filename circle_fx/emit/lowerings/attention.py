@@ -32,6 +32,7 @@ from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
 from .scan import causal_allowed
+from ._attention_gqa import sdpa_grouped
 from ._common import BO, operand, options
 
 aten = torch.ops.aten
@@ -64,9 +65,7 @@ def sdpa(ctx, node):
         if qh[1] % kh[1]:
             raise ctx.error(f"query heads {qh[1]} are not a multiple of key/value heads {kh[1]}")
         if not dynamic and not is_causal:
-            from ._attention_gqa import sdpa_grouped
-
-            return sdpa_grouped(ctx, node, q, k, v, mask, scale)
+            return sdpa_grouped(ctx, node, q, k, v, mask, scale, _apply_mask)
         kt, kd, kh = _repeat_heads(ctx, kt, kd, kh, qh[1], dt, "k")
         vt, vd, vh = _repeat_heads(ctx, vt, vd, vh, qh[1], dt, "v")
     perm = list(range(rank))
