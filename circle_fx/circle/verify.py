@@ -33,10 +33,11 @@ from circle_schema import circle
 
 from ..errors import VerifyError
 from . import limits
+from .dims import DYNAMIC, broadcast, fmt as _fmt, numel as _numel, same as _same, same_shape as _same_shape
 from .reader import CircleFile, OperatorView, read_circle
 from .schema import BO, TT, options_class_name, options_union
 
-Dims = list  # list[int | None]; None = dynamic
+Dims = list  # list[int]; dims.DYNAMIC (-1) = dynamic, as everywhere in circle_fx
 
 _MAX_LISTED = 40
 
@@ -113,7 +114,7 @@ class _Checker:
         t = self.cf.tensors[i]
         sig = t.shape_signature
         if sig is not None and len(sig) == len(t.shape):
-            return [None if s < 0 else d for d, s in zip(t.shape, sig)]
+            return [DYNAMIC if s < 0 else d for d, s in zip(t.shape, sig)]
         return list(t.shape)
 
     def tname(self, i: int) -> str:
@@ -339,37 +340,12 @@ class _Skip(Exception):
 
 
 # ----------------------------------------------------------------- dim algebra
-def _same(a, b) -> bool:
-    return a is None or b is None or a == b
-
-
-def _same_shape(a: Dims, b: Dims) -> bool:
-    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-
-
-def _fmt(d: Dims) -> str:
-    return "[" + ", ".join("?" if x is None else str(x) for x in d) + "]"
-
-
 def _broadcast(shapes: list[Dims]) -> Dims | str:
-    rank = max(len(s) for s in shapes)
-    out = []
-    for k in range(rank):
-        col = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
-        known = {d for d in col if d is not None and d != 1}
-        if len(known) > 1:
-            return f"shapes {', '.join(_fmt(s) for s in shapes)} do not broadcast (dim {k})"
-        if known:
-            out.append(known.pop())
-        elif any(d is None for d in col):
-            out.append(None)
-        else:
-            out.append(1)
-    return out
-
-
-def _numel(d: Dims) -> int | None:
-    return None if any(x is None for x in d) else math.prod(d)
+    """:func:`.dims.broadcast`, or the reason the shapes do not broadcast."""
+    try:
+        return broadcast(*shapes)
+    except ValueError as e:
+        return str(e)
 
 
 def _expect(got: Dims, want: Dims) -> str | None:
@@ -466,7 +442,7 @@ def _rope(c: _Checker, op: OperatorView):
     if len(op.inputs) != 3:
         return f"{len(op.inputs)} inputs; ROPE takes (x, sin, cos)"
     x = c.dims(op.inputs[0])
-    if len(x) != 4 or (x[-1] is not None and x[-1] % 2):
+    if len(x) != 4 or (x[-1] != DYNAMIC and x[-1] % 2):
         return f"input {_fmt(x)}; onert's ROPE takes a 4-D input with an even last dim"
     for name, i in (("sin", op.inputs[1]), ("cos", op.inputs[2])):
         t = c.dims(i)
@@ -484,7 +460,7 @@ def _fully_connected(c: _Checker, op: OperatorView):
     if len(w) != 2:
         return f"weight must be 2-D [out, in], got {_fmt(w)}"
     out_f, in_f = w
-    if not _same(x[-1] if x else None, in_f):
+    if not _same(x[-1] if x else DYNAMIC, in_f):
         return f"input's last dim {x[-1] if x else None} != weight's in-features {in_f}"
     if op.inputs[2] >= 0:
         b = c.dims(op.inputs[2])
@@ -514,7 +490,7 @@ def _batch_matmul(c: _Checker, op: OperatorView):
 def _reshape(c: _Checker, op: OperatorView):
     x, out = c.dims(op.inputs[0]), c.dims(op.outputs[0])
     nx, no = _numel(x), _numel(out)
-    if nx is not None and no is not None and nx != no:
+    if DYNAMIC not in (nx, no) and nx != no:
         return f"element count changes: {nx} -> {no}"
     target = c.const_ints(op.inputs[1]) if len(op.inputs) > 1 else None
     if target is not None:
@@ -551,8 +527,8 @@ def _concatenation(c: _Checker, op: OperatorView):
         for d in range(rank):
             if d != axis and not _same(s[d], out[d]):
                 return f"input {k} dim {d} is {s[d]}, output has {out[d]}"
-        total = None if total is None or s[axis] is None else total + s[axis]
-    if total is not None and not _same(out[axis], total):
+        total = DYNAMIC if DYNAMIC in (total, s[axis]) else total + s[axis]
+    if total != DYNAMIC and not _same(out[axis], total):
         return f"output dim {axis} is {out[axis]}, inputs sum to {total}"
     return None
 
@@ -607,9 +583,9 @@ def _strided_slice(c: _Checker, op: OperatorView):
         if s == 0:
             return f"stride 0 on axis {d}"
         shrink = o.ShrinkAxisMask() >> d & 1
-        if size is None:
+        if size == DYNAMIC:
             if not shrink:
-                want.append(None)
+                want.append(DYNAMIC)
             continue
         b = (0 if s > 0 else size - 1) if o.BeginMask() >> d & 1 else begin[d]
         e = (size if s > 0 else -size - 1) if o.EndMask() >> d & 1 else end[d]
@@ -637,9 +613,9 @@ def _slice(c: _Checker, op: OperatorView):
         return f"begin/size lengths {len(begin)}/{len(size)} != input rank {len(x)}"
     want = []
     for d, (n, b, s) in enumerate(zip(x, begin, size)):
-        if n is not None and not (0 <= b <= n and (s == -1 or b + s <= n)):
+        if n != DYNAMIC and not (0 <= b <= n and (s == -1 or b + s <= n)):
             return f"axis {d}: begin {b} size {s} out of range for {n}"
-        want.append(s if s != -1 else None if n is None else n - b)
+        want.append(s if s != -1 else DYNAMIC if n == DYNAMIC else n - b)
     return _expect(c.dims(op.outputs[0]), want)
 
 
@@ -650,7 +626,7 @@ def _tile(c: _Checker, op: OperatorView):
         raise _Skip()
     if len(mult) != len(x):
         return f"multiples {mult} do not match input rank {len(x)}"
-    return _expect(c.dims(op.outputs[0]), [None if d is None else d * m for d, m in zip(x, mult)])
+    return _expect(c.dims(op.outputs[0]), [DYNAMIC if d == DYNAMIC else d * m for d, m in zip(x, mult)])
 
 
 def _pad(c: _Checker, op: OperatorView):
@@ -663,7 +639,7 @@ def _pad(c: _Checker, op: OperatorView):
     if len(pads) != 2 * len(x):
         return f"paddings of {len(pads)} values do not match input rank {len(x)}"
     return _expect(c.dims(op.outputs[0]),
-                   [None if d is None else d + pads[2 * i] + pads[2 * i + 1] for i, d in enumerate(x)])
+                   [DYNAMIC if d == DYNAMIC else d + pads[2 * i] + pads[2 * i + 1] for i, d in enumerate(x)])
 
 
 def _broadcast_to(c: _Checker, op: OperatorView):
@@ -734,8 +710,8 @@ def _conv_2d(c: _Checker, op: OperatorView):
     same = o.Padding() == circle.Padding.Padding.SAME
 
     def out(size, k, s, d):
-        if size is None or k is None:
-            return None
+        if DYNAMIC in (size, k):
+            return DYNAMIC
         return -(-size // s) if same else (size - (k - 1) * d - 1) // s + 1
 
     return _expect(c.dims(op.outputs[0]), [x[0], out(x[1], f[1], sh, dh), out(x[2], f[2], sw, dw), f[0]])
@@ -754,10 +730,10 @@ def _split(c: _Checker, op: OperatorView):
     if not -len(x) <= a < len(x):
         return f"axis {a} out of range for rank {len(x)}"
     a %= len(x)
-    if x[a] is not None and x[a] % n:
+    if x[a] != DYNAMIC and x[a] % n:
         return f"dim {a} of size {x[a]} does not split into {n} equal pieces"
     want = list(x)
-    want[a] = None if x[a] is None else x[a] // n
+    want[a] = DYNAMIC if x[a] == DYNAMIC else x[a] // n
     for k, t in enumerate(op.outputs):
         msg = _expect(c.dims(t), want)
         if msg:

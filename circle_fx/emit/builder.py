@@ -87,6 +87,25 @@ class ModelBuilder:
         info = self.tensors[t]
         return list(info.shape_signature if info.shape_signature is not None else info.shape)
 
+    def reshaped(self, t: int, dims: list[int], hint: list[int] | None = None, name: str | None = None,
+                 source: str = "") -> tuple[int, list[OperatorInfo]]:
+        """Tensor ``t`` viewed as ``dims`` (-1 dynamic; ``hint`` the example sizes for the
+        ``shape`` field), same type and quantization, and the operators that make the view:
+        none when ``t`` already has those dims or is a constant (a second tensor over its
+        buffer), else one RESHAPE. The caller places the operators (a lowering appends them, a
+        rewrite splices them in before the operator that reads the view)."""
+        dims = [int(d) for d in dims]
+        if self.dims(t) == dims:
+            return t, []
+        info = self.tensors[t]
+        shape = [h if d == -1 else d for d, h in zip(dims, hint or [1] * len(dims))]
+        name = name or f"{info.name}/reshaped"
+        if info.buffer:
+            return self.add_tensor(name, shape, info.type, info.buffer, None, info.quantization), []
+        r = self.add_tensor(name, shape, info.type, 0, dims if -1 in dims else None, info.quantization)
+        target = self.add_constant(f"{name}/shape", np.asarray(dims, np.int32))
+        return r, [OperatorInfo(BO.RESHAPE, [t, target], [r], None, source)]
+
     def rewrite_operators(self, rewrite) -> int:
         """Replace each operator ``op`` for which ``rewrite(op)`` returns a list of operators
         by that list (None keeps ``op``), in place; return how many were replaced. The

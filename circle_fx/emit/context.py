@@ -129,6 +129,18 @@ class LoweringContext:
                              "time, which Circle's RESHAPE cannot do; mark at most one of these dims dynamic")
         return self.int_const(dims)
 
+    def reshaped(self, index: int, dims, hint=None, name: str = "reshaped") -> int:
+        """Circle tensor ``index`` as ``dims`` (-1 dynamic, at most one; ``hint`` the example
+        sizes): ``index`` itself when it has those dims, a view of a constant's buffer, else a
+        RESHAPE into a new tensor of the same type and quantization."""
+        dims = [int(d) for d in dims]
+        if dims.count(-1) > 1 and self.builder.dims(index) != dims:
+            self.shape_operand(dims)  # raises the two-dynamic-dims error
+        out, ops = self.builder.reshaped(index, dims, hint, f"{self._prefix()}{name}",
+                                         source_line(self.node) if self.node is not None else "")
+        self.builder.operators.extend(ops)
+        return out
+
     def output(self, node: fx.Node | None = None) -> int:
         """The tensor that holds ``node``'s result (created on first use)."""
         node = node or self.node

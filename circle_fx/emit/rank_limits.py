@@ -17,11 +17,9 @@ Operators onert already computes correctly are left as they are.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ..circle import limits
+from ..circle import dims, limits
 from ..circle.limits import elementwise_max_rank
 from ..errors import UnsupportedOpError
 from .builder import BO, ModelBuilder, OperatorInfo, op_name
@@ -45,34 +43,25 @@ def _fold(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     if len(out) <= limit:
         return None
     rank = len(out)
-    padded = [[1] * (rank - len(d)) + d for d in ins]
-    hints = [[1] * (rank - len(mb.tensors[t].shape)) + list(mb.tensors[t].shape) for t in op.inputs]
-    groups: list[tuple[tuple, list[int]]] = []  # (which operands are 1 there, positions)
-    for k in range(rank):
-        if out[k] == 1:
-            continue
-        pattern = tuple(p[k] == 1 for p in padded)
-        if groups and groups[-1][0] == pattern:
-            groups[-1][1].append(k)
-        else:
-            groups.append((pattern, [k]))
+    padded = [dims.padded(d, rank) for d in ins]
+    hints = [dims.padded(mb.tensors[t].shape, rank) for t in op.inputs]
+    # runs of positions where each operand is 1 or full alike; size-1 output positions drop out
+    groups = dims.runs([tuple(p[k] == 1 for p in padded) for k in range(rank)], skip=lambda k: out[k] == 1)
     if len(groups) > limit:
         return _refuse(op, out, ins, limit)
-
-    def fold(dims):
-        return [(-1 if any(dims[k] == -1 for k in ks) else math.prod(dims[k] for k in ks)) for _, ks in groups] or [1]
-
     new_ops: list[OperatorInfo] = []
     new_ins = []
     for t, d, p, h in zip(op.inputs, ins, padded, hints):
         if not d:  # a scalar broadcasts at any rank
             new_ins.append(t)
             continue
-        sig, shape = fold(p), fold(h)
+        sig = dims.fold(p, groups)
         if sig.count(-1) > 1:
             return _refuse(op, out, ins, limit)
-        new_ins.append(_reshaped(mb, t, sig, shape, new_ops, op.source))
-    sig, shape = fold(out), fold(mb.tensors[out_t].shape)
+        view, reshape = mb.reshaped(t, sig, dims.fold(h, groups), f"{mb.tensors[t].name}/folded", op.source)
+        new_ops += reshape
+        new_ins.append(view)
+    sig, shape = dims.fold(out, groups), dims.fold(mb.tensors[out_t].shape, groups)
     if sig.count(-1) > 1 or out.count(-1) > 1:
         return _refuse(op, out, ins, limit)
     info = mb.tensors[out_t]
@@ -93,18 +82,5 @@ def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):
         [(name, "", op.source or "")])
 
 
-def _reshaped(mb: ModelBuilder, t: int, sig: list[int], shape: list[int], ops: list, source: str) -> int:
-    """``t`` viewed as ``sig``: the same buffer for a constant, else a RESHAPE."""
-    info = mb.tensors[t]
-    if mb.dims(t) == sig:
-        return t
-    dynamic = sig if -1 in sig else None
-    if info.buffer:
-        return mb.add_tensor(f"{info.name}/folded", shape, info.type, info.buffer, None, info.quantization)
-    r = mb.add_tensor(f"{info.name}/folded", shape, info.type, 0, dynamic, info.quantization)
-    ops.append(OperatorInfo(BO.RESHAPE, [t, _shape_const(mb, info.name, sig)], [r], None, source))
-    return r
-
-
-def _shape_const(mb: ModelBuilder, name: str, dims: list[int]) -> int:
-    return mb.add_constant(f"{name}/fold_shape", np.asarray(dims, np.int32))
+def _shape_const(mb: ModelBuilder, name: str, target: list[int]) -> int:
+    return mb.add_constant(f"{name}/fold_shape", np.asarray(target, np.int32))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..circle.dims import padded
 from ..circle.limits import ELEMENT_TYPES, data_inputs, unsupported_type
 from ..circle.schema import CIRCLE_TO_NUMPY, TT, type_name
 from ..errors import UnsupportedOpError
@@ -158,7 +159,7 @@ def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
     sig = mb.tensors[out].shape_signature
     if sig is not None and -1 in list(sig):
         _refuse(op, "BROADCAST_TO", "INT64", ELEMENT_TYPES["BROADCAST_TO"][1])
-    src = [1] * (len(dst) - len(src)) + src
+    src = padded(src, len(dst))
     zeros = mb.add_constant(f"{mb.tensors[out].name}/broadcast", np.zeros([d if s == 1 else 1 for s, d in zip(src, dst)],
                                                                            np.int64))
     return [OperatorInfo(BO.ADD, [x, zeros], [out], options("AddOptions"), op.source)]

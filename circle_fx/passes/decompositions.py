@@ -22,9 +22,9 @@ cats included, are handled after lowering: ``emit/type_limits.py``.)
 """
 from __future__ import annotations
 
-import math
-
 import torch
+
+from ..circle.dims import around
 
 aten = torch.ops.aten
 
@@ -41,7 +41,7 @@ def _flat3(t: torch.Tensor, dim: int) -> torch.Tensor:
     """``t`` as ``[prod(before dim), size(dim), prod(after dim)]``: the one-hot then adds one
     axis, and the select/sum run on at most 4-D tensors (onert 0.1.0's SUM / MEAN refuse
     5-D input: "ShapeValidator failed at line 304", docs/onert-findings.md)."""
-    return t.reshape(math.prod(t.shape[:dim]), t.shape[dim], math.prod(t.shape[dim + 1:]))
+    return t.reshape(around(t.shape, dim))
 
 
 def gather(x, dim, index, sparse_grad=False):

@@ -7,7 +7,7 @@ RESHAPEs in and out are exact), which is rarely more than three.
 """
 from __future__ import annotations
 
-from ...circle import limits
+from ...circle import dims, limits
 from ._common import BO
 
 MAX_RANK = limits.BROADCAST_TO
@@ -19,23 +19,14 @@ def broadcast_to(ctx, t: int, src: list[int], dst: list[int], out: int, name: st
     if ctx.tensor_dims(t) == src and ctx.tensor_dims(out) == dst and len(dst) <= MAX_RANK:
         ctx.op(BO.BROADCAST_TO, [t, ctx.int_const(dst)], [out])
         return
-    segs: list[list[int]] = []  # [own size, target size] per run
-    for own, want in zip(src, dst):
-        if want == 1:
-            continue
-        if segs and (segs[-1][0] == segs[-1][1]) == (own == want):
-            segs[-1] = [segs[-1][0] * own, segs[-1][1] * want]
-        else:
-            segs.append([own, want])
-    if len(segs) > MAX_RANK:
-        raise ctx.error(f"broadcasting {src} to {dst} needs a rank-{len(segs)} BROADCAST_TO; onert 0.1.0's "
+    # runs of positions all repeated or all kept; positions of target size 1 drop out
+    groups = dims.runs([own == want for own, want in zip(src, dst)], skip=lambda k: dst[k] == 1)
+    if len(groups) > MAX_RANK:
+        raise ctx.error(f"broadcasting {src} to {dst} needs a rank-{len(groups)} BROADCAST_TO; onert 0.1.0's "
                         f"is correct up to rank {MAX_RANK} only")
-    own, want = [o for o, _ in segs] or [1], [w for _, w in segs] or [1]
+    own, want = dims.fold(src, groups), dims.fold(dst, groups)
     dtype = ctx.tensor_dtype(t)
-    if ctx.tensor_dims(t) != own:
-        r = ctx.new_tensor(own, dtype, f"{name}_in")
-        ctx.op(BO.RESHAPE, [t, ctx.int_const(own)], [r])
-        t = r
+    t = ctx.reshaped(t, own, name=f"{name}_in")
     if ctx.tensor_dims(out) == want:
         ctx.op(BO.BROADCAST_TO, [t, ctx.int_const(want)], [out])
         return

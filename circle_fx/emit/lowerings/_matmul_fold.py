@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from ...circle import limits
+from ...circle.dims import numel, padded, runs
 from ._broadcast_fold import broadcast_to
 from ._common import BO, options
 
@@ -45,8 +46,8 @@ def batch_matmul(ctx, a: int, b: int, out: int) -> None:
     groups = _groups(ad[:-2], ah[:-2], bd[:-2], bh[:-2])
     if len(groups) > MAX_RANK - 2:
         a, b, groups = _expand(ctx, a, b, groups, ad[-2:], bd[-2:])
-    ga = [(_prod(d for d, _ in g["a"]), _prod(h for _, h in g["a"])) for g in groups]
-    gb = [(_prod(d for d, _ in g["b"]), _prod(h for _, h in g["b"])) for g in groups]
+    ga = [(numel(d for d, _ in g["a"]), numel(h for _, h in g["a"])) for g in groups]
+    gb = [(numel(d for d, _ in g["b"]), numel(h for _, h in g["b"])) for g in groups]
     a = _reshaped(ctx, a, [d for d, _ in ga] + ad[-2:], [h for _, h in ga] + ah[-2:], "mm_lhs")
     b = _reshaped(ctx, b, [d for d, _ in gb] + bd[-2:], [h for _, h in gb] + bh[-2:], "mm_rhs")
     batch = [gb[i][0] if g["kind"] == ONE_IN_A else ga[i][0] if g["kind"] == ONE_IN_B or ga[i][0] != -1
@@ -73,7 +74,7 @@ def _constant_lhs(ctx, lhs, b: int, out: int) -> None:
     dtype = ctx.tensor_dtype(out)
     at = ctx.const(lhs.reshape(-1, 1) if lhs.ndim == 1 else lhs.swapaxes(-1, -2).copy(), "lhs_T")
     if len(bd) == 1:
-        bt = _reshaped(ctx, b, [1] + bd, [1] + bh, "rhs_T", strip=False)
+        bt = ctx.reshaped(b, [1] + bd, [1] + bh, "rhs_T")
         pd, ph = od[:-1] + [1, od[-1]], oh[:-1] + [1, oh[-1]]
     else:
         bt = _swap_last(ctx, b, bd, bh, "rhs_T")
@@ -100,22 +101,15 @@ def _swap_last(ctx, src: int, dims: list[int], hint: list[int], name: str, out: 
 
 
 def _groups(ad, ah, bd, bh) -> list[dict]:
-    """Runs of consecutive batch positions that broadcast alike; each run lists its
-    ``(dim, hint)`` pairs per operand (-1 dims are dynamic)."""
+    """Runs of consecutive batch positions that broadcast alike (:func:`circle_fx.circle.dims.runs`); each run
+    lists its ``(dim, hint)`` pairs per operand (-1 dims are dynamic)."""
     n = max(len(ad), len(bd))
-    pad = lambda xs, fill: [fill] * (n - len(xs)) + list(xs)  # noqa: E731
-    ad, ah, bd, bh = pad(ad, 1), pad(ah, 1), pad(bd, 1), pad(bh, 1)
-    groups: list[dict] = []
-    for da, ha, db, hb in zip(ad, ah, bd, bh):
-        if da == 1 and db == 1:
-            continue  # 1 in both: broadcasts with anything, drop it
-        # a static 1 against anything else broadcasts; otherwise torch guarantees equal sizes
-        kind = ONE_IN_A if da == 1 else ONE_IN_B if db == 1 else SAME
-        if not groups or groups[-1]["kind"] != kind:
-            groups.append({"kind": kind, "a": [], "b": []})
-        groups[-1]["a"].append((da, ha))
-        groups[-1]["b"].append((db, hb))
-    return groups
+    ad, ah, bd, bh = padded(ad, n), padded(ah, n), padded(bd, n), padded(bh, n)
+    # a static 1 against anything else broadcasts; otherwise torch guarantees equal sizes;
+    # 1 in both broadcasts with anything: dropped
+    kinds = [ONE_IN_A if da == 1 else ONE_IN_B if db == 1 else SAME for da, db in zip(ad, bd)]
+    return [{"kind": kind, "a": [(ad[k], ah[k]) for k in ks], "b": [(bd[k], bh[k]) for k in ks]}
+            for kind, ks in runs(kinds, skip=lambda k: ad[k] == 1 and bd[k] == 1)]
 
 
 def _expand(ctx, a, b, groups, a_mat, b_mat):
@@ -125,7 +119,7 @@ def _expand(ctx, a, b, groups, a_mat, b_mat):
     if -1 in [d for g in groups for d, _ in g["a"] + g["b"]] + a_mat + b_mat:
         raise ctx.error("matmul whose batch dims broadcast in more than two alternating runs needs "
                         "static shapes (BROADCAST_TO takes a constant shape)")
-    grouped = {side: [_prod(d for d, _ in g[side]) for g in groups] for side in ("a", "b")}
+    grouped = {side: [numel(d for d, _ in g[side]) for g in groups] for side in ("a", "b")}
     full = [max(x, y) for x, y in zip(grouped["a"], grouped["b"])]
     n = math.prod(full)
     outs = []
@@ -139,18 +133,8 @@ def _expand(ctx, a, b, groups, a_mat, b_mat):
     return outs[0], outs[1], [{"kind": SAME, "a": [(n, n)], "b": [(n, n)]}]
 
 
-def _reshaped(ctx, t: int, dims: list[int], hint: list[int], name: str, strip: bool = True) -> int:
-    """``t`` as ``dims`` (with ``strip``, leading 1s dropped: BATCH_MATMUL broadcasts ranks);
-    ``t`` itself when that is already its shape."""
-    while strip and len(dims) > 2 and dims[0] == 1:
+def _reshaped(ctx, t: int, dims: list[int], hint: list[int], name: str) -> int:
+    """``t`` as ``dims`` with leading 1s dropped (BATCH_MATMUL broadcasts ranks)."""
+    while len(dims) > 2 and dims[0] == 1:
         dims, hint = dims[1:], hint[1:]
-    if dims == ctx.tensor_dims(t):
-        return t
-    r = ctx.new_tensor(dims, ctx.tensor_dtype(t), name, hint)
-    ctx.op(BO.RESHAPE, [t, ctx.shape_operand(dims)], [r])
-    return r
-
-
-def _prod(dims) -> int:
-    dims = list(dims)
-    return -1 if -1 in dims else math.prod(dims)
+    return ctx.reshaped(t, dims, hint, name)

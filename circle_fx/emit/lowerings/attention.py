@@ -28,6 +28,7 @@ import math
 import numpy as np
 import torch
 
+from ...circle.dims import broadcast
 from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
@@ -36,18 +37,6 @@ from ._attention_gqa import sdpa_grouped
 from ._common import BO, operand, options
 
 aten = torch.ops.aten
-
-
-def _broadcast_dims(a, b):
-    """Broadcast two dims lists (-1 = dynamic)."""
-    out = []
-    for x, y in zip([1] * (len(b) - len(a)) + list(a), [1] * (len(a) - len(b)) + list(b)):
-        out.append(y if x == 1 else x if y == 1 else -1 if -1 in (x, y) else x)
-    return out
-
-
-def _broadcast_hint(a, b):
-    return list(np.broadcast_shapes(tuple(a), tuple(b)))
 
 
 @lowering(aten.scaled_dot_product_attention.default)
@@ -72,8 +61,8 @@ def sdpa(ctx, node):
     perm[-1], perm[-2] = perm[-2], perm[-1]
     k_t = ctx.new_tensor([kd[p] for p in perm], dt, "kT", [kh[p] for p in perm])
     ctx.op(BO.TRANSPOSE, [kt, ctx.int_const(perm, "perm")], [k_t])
-    dims = _broadcast_dims(qd[:-2], kd[:-2]) + [qd[-2], kd[-2]]
-    hint = _broadcast_hint(qh[:-2], kh[:-2]) + [qh[-2], kh[-2]]
+    dims = broadcast(qd[:-2], kd[:-2]) + [qd[-2], kd[-2]]
+    hint = broadcast(qh[:-2], kh[:-2]) + [qh[-2], kh[-2]]
     scores = ctx.new_tensor(dims, dt, "scores", hint)
     ctx.op(BO.BATCH_MATMUL, [ctx.tensor(q), k_t], [scores], options("BatchMatMulOptions"))
     scale = 1.0 / math.sqrt(qh[-1]) if scale is None else scale
@@ -112,8 +101,8 @@ def _apply_mask(ctx, scores, dims, hint, mask, dt, dynamic):
     const = ctx.constant(mask)
     if const is not None and dynamic:
         raise ctx.error("a constant attention mask cannot follow a dynamic sequence length")
-    dims = _broadcast_dims(dims, ctx.dims(mask))
-    hint = _broadcast_hint(hint, ctx.shape_hint(mask))
+    dims = broadcast(dims, ctx.dims(mask))
+    hint = broadcast(hint, ctx.shape_hint(mask))
     out = ctx.new_tensor(dims, dt, "masked", hint)
     npdt = numpy_dtype(dt)
     if ctx.dtype(mask) != torch.bool:

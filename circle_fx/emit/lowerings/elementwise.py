@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ...circle.dims import broadcast
 from ...fx_utils import arguments, val
 from ..registry import lowering
 from ._common import BO, operand, options
@@ -196,14 +197,8 @@ def where(ctx, node):
 
 def _broadcast(ctx, *values) -> tuple[list[int], list[int]]:
     """dims (-1 dynamic) and example sizes of the broadcast of ``values`` (scalars: rank 0)."""
-    shapes = [(ctx.dims(v), ctx.shape_hint(v)) if isinstance(v, fx.Node) else ([], []) for v in values]
-    rank = max(len(d) for d, _ in shapes)
-    dims, hint = [1] * rank, [1] * rank
-    for d, h in shapes:
-        for i, (size, example) in enumerate(zip(d, h), start=rank - len(d)):
-            if size != 1 and (dims[i] in (1, -1)):
-                dims[i], hint[i] = size, example
-    return dims, hint
+    nodes = [v for v in values if isinstance(v, fx.Node)]
+    return broadcast(*(ctx.dims(v) for v in nodes)), broadcast(*(ctx.shape_hint(v) for v in nodes))
 
 
 @lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default)

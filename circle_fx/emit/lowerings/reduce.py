@@ -1,15 +1,13 @@
 """Reductions (MEAN, SUM, REDUCE_MAX) and softmax over the last axis."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ...circle import limits
+from ...circle.dims import fold, numel, runs
 from ...fx_utils import arguments
 from ..registry import lowering
 from ._common import BO, options
-from ._matmul_fold import _prod, _reshaped
 
 aten = torch.ops.aten
 
@@ -62,31 +60,28 @@ def _reduce_folded(ctx, code, src, axes, out):
     (row-major, so the RESHAPE is exact; static 1s are dropped), and the reduction runs on
     those runs. They alternate, so up to 4 runs fit; with more, a TRANSPOSE moves the kept
     runs in front of the reduced ones and the input becomes ``[kept, reduced]``."""
-    runs: list[list] = []  # [reduced?, dim (-1 dynamic), hint]
-    for d, (size, h) in enumerate(zip(ctx.tensor_dims(src), ctx.tensor_hint(src))):
-        if size == 1:
-            continue
-        if runs and runs[-1][0] == (d in axes):
-            runs[-1][1] = -1 if -1 in (runs[-1][1], size) else runs[-1][1] * size
-            runs[-1][2] *= h
-        else:
-            runs.append([d in axes, size, h])
-    if not any(red for red, _, _ in runs):  # only size-1 dims are reduced
+    src_dims, src_hint = ctx.tensor_dims(src), ctx.tensor_hint(src)
+    groups = runs([d in axes for d in range(len(src_dims))], skip=lambda d: src_dims[d] == 1)
+    if not any(red for red, _ in groups):  # only size-1 dims are reduced
         ctx.op(BO.RESHAPE, [src, ctx.shape_operand(ctx.tensor_dims(out))], [out])
         return
+    folded, folded_hint = fold(src_dims, groups), fold(src_hint, groups)
+    reduced = [red for red, _ in groups]
     dtype = ctx.tensor_dtype(src)
-    if len(runs) > MAX_RANK:
-        perm = [i for i, r in enumerate(runs) if not r[0]] + [i for i, r in enumerate(runs) if r[0]]
-        grouped = _reshaped(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_runs", strip=False)
-        moved = ctx.new_tensor([runs[p][1] for p in perm], dtype, "reduce_moved", [runs[p][2] for p in perm])
+    if len(groups) > MAX_RANK:
+        perm = [i for i, r in enumerate(reduced) if not r] + [i for i, r in enumerate(reduced) if r]
+        grouped = ctx.reshaped(src, folded, folded_hint, "reduce_runs")
+        moved = ctx.new_tensor([folded[p] for p in perm], dtype, "reduce_moved", [folded_hint[p] for p in perm])
         ctx.op(BO.TRANSPOSE, [grouped, ctx.int_const(perm, "perm")], [moved])
-        src, runs = moved, [[red, _prod(r[1] for r in runs if r[0] == red), math.prod(r[2] for r in runs if r[0] == red)]
-                            for red in (False, True)]
-    src = _reshaped(ctx, src, [r[1] for r in runs], [r[2] for r in runs], "reduce_folded", strip=False)
-    keep = len(runs) == 4  # onert's 4-D reductions need keepDims=True (see reduce_into)
-    dims = [1 if red else s for red, s, _ in runs if keep or not red]
-    hint = [1 if red else h for red, _, h in runs if keep or not red]
-    red_axes = [i for i, r in enumerate(runs) if r[0]]
+        src, reduced = moved, [False, True]
+        folded = [numel(folded[i] for i, r in enumerate(groups) if r[0] == red) for red in reduced]
+        folded_hint = [numel(folded_hint[i] for i, r in enumerate(groups) if r[0] == red) for red in reduced]
+    src = ctx.reshaped(src, folded, folded_hint, "reduce_folded")
+    folded_runs = list(zip(reduced, folded, folded_hint))
+    keep = len(folded_runs) == 4  # onert's 4-D reductions need keepDims=True (see reduce_into)
+    dims = [1 if red else s for red, s, _ in folded_runs if keep or not red]
+    hint = [1 if red else h for red, _, h in folded_runs if keep or not red]
+    red_axes = [i for i, r in enumerate(folded_runs) if r[0]]
     direct = dims == ctx.tensor_dims(out)
     tmp = out if direct else ctx.new_tensor(dims, ctx.tensor_dtype(out), "reduced", hint)
     ctx.op(code, [src, ctx.int_const(red_axes, "axes")], [tmp], options("ReducerOptions", keepDims=keep))

@@ -5,13 +5,13 @@ Shape operands are int32 constants: onert rejects int64 shape/perm/begin tensors
 """
 from __future__ import annotations
 
-import math
 import operator
 
 import numpy as np
 import torch
 
 from ...circle import limits
+from ...circle.dims import around, padded
 from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
@@ -86,14 +86,11 @@ def expand(ctx, node):
         ctx.op(BO.RESHAPE, [x, ctx.int_const(out)], [ctx.output(node)])
         return
     if len(out) > BROADCAST_MAX_RANK:  # onert's BROADCAST_TO is wrong above rank 5: fold dims first
-        broadcast_to(ctx, x, [1] * (len(out) - len(src)) + src, out, ctx.output(node))
+        broadcast_to(ctx, x, padded(src, len(out)), out, ctx.output(node))
         return
     if len(src) < len(out):  # leading new dims: make ranks equal first
-        padded = [1] * (len(out) - len(src)) + src
-        r = ctx.new_tensor(padded, ctx.dtype(node), "rank")
-        ctx.op(BO.RESHAPE, [x, ctx.int_const(padded)], [r])
-        x = r
-        src = padded
+        src = padded(src, len(out))
+        x = ctx.reshaped(x, src, name="rank")
     if ctx.dtype(node) == torch.bool:
         # onert 0.1.0's BROADCAST_TO has no bool kernel ("BroadcastToLayer: unsupported data
         # type"): OR with a False constant of the repeated sizes broadcasts instead
@@ -170,8 +167,7 @@ def _slice_folded(ctx, node, x, dim, start, end, step):
     at prepare on rank 6, findings): the same slice of ``x`` viewed as ``[outer, size,
     inner]`` (row-major, so both RESHAPEs are exact); a slice that keeps every element is
     just the RESHAPE."""
-    shape = ctx.dims(x, static=True)
-    outer, size, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    outer, size, inner = around(ctx.dims(x, static=True), dim)
     src = ctx.tensor(x)
     if start == 0 and end >= size and step == 1 or size == 1 and end > start:
         ctx.op(BO.RESHAPE, [src, ctx.shape_operand(node)], [ctx.output(node)])

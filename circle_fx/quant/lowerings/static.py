@@ -44,13 +44,6 @@ def dequantize(ctx, node):
     ctx.op(BO.DEQUANTIZE, [ctx.tensor(src)], [ctx.output(node)], default_options(BO.DEQUANTIZE))
 
 
-def _reshaped(ctx, idx, dims, quant, name):
-    """``idx`` reshaped to ``dims`` (a new tensor with the same quantization)."""
-    out = ctx.new_tensor(dims, ctx.dtype(ctx.node), name, quantization=quant)
-    ctx.op(BO.RESHAPE, [idx, ctx.int_const(dims)], [out])
-    return out
-
-
 @lowering(qops.q_linear)
 def q_linear(ctx, node):
     """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias; N-D input as for float linear."""
@@ -65,7 +58,7 @@ def q_linear(ctx, node):
     xt = ctx.tensor(x)
     x_dims = ctx.dims(x, static=True)
     if len(x_dims) != 2:
-        xt = _reshaped(ctx, xt, [math.prod(x_dims[:-1]), x_dims[-1]], ctx.quantization(x), "in2d")
+        xt = ctx.reshaped(xt, [math.prod(x_dims[:-1]), x_dims[-1]], name="in2d")
     rows = [math.prod(out_dims[:-1]), out_dims[-1]]
     fc_out = ctx.output(node) if len(out_dims) == 2 else ctx.new_tensor(rows, ctx.dtype(node), "fc",
                                                                         quantization=quant)
@@ -99,7 +92,7 @@ def q_rms_norm(ctx, node):
         ctx.op(BO.RMS_NORM, [ctx.tensor(x), ctx.tensor(w)], [ctx.output(node)], opts)
         return
     as3d = [1, math.prod(dims[:-1]), dims[-1]]
-    x3 = _reshaped(ctx, ctx.tensor(x), as3d, ctx.quantization(x), "in3d")
+    x3 = ctx.reshaped(ctx.tensor(x), as3d, name="in3d")
     y3 = ctx.new_tensor(as3d, ctx.dtype(node), "out3d", quantization=ctx.quantization(node))
     ctx.op(BO.RMS_NORM, [x3, ctx.tensor(w)], [y3], opts)
     ctx.op(BO.RESHAPE, [y3, ctx.int_const(dims)], [ctx.output(node)])
