@@ -13,6 +13,7 @@ import numpy as np
 from circle_schema import circle
 
 from ..errors import VerifyError
+from .safe_read import check_flatbuffer
 from .schema import CIRCLE_TO_NUMPY, QuantParams, op_name, type_name
 
 
@@ -118,6 +119,7 @@ def read_circle(src) -> CircleFile:
     raw = bytes(buf[:8])
     if raw[4:8] not in (b"CIR0", b"TFL3"):
         raise VerifyError(f"not a Circle file: identifier {raw[4:8]!r}")
+    check_flatbuffer(buf)  # after this, the generated accessors below read only inside the file
     try:
         m = circle.Model.Model.GetRootAs(buf, 0)
         opcodes = []

@@ -313,6 +313,10 @@ class _Checker:
             msg = _element_types(self, op) or rule(self, op)
         except _Skip:
             return
+        except (IndexError, ValueError):  # a rule reads the operands it needs by position
+            self.bad(f"operator {op.index} {op.name}: {len(op.inputs)} input(s) and {len(op.outputs)} "
+                     "output(s) do not fit this op (an operand it needs is missing or malformed)")
+            return
         if msg:
             ins = ", ".join(f"{self.dims(i)}" if i >= 0 else "-" for i in op.inputs)
             outs = ", ".join(f"{self.dims(i)}" for i in op.outputs)
