@@ -76,13 +76,46 @@ def _ids(text: str) -> list[int]:
     return ids
 
 
+def _sampling(args) -> dict:
+    return {"do_sample": True if args.sample else None, "temperature": args.temperature, "top_k": args.top_k,
+            "top_p": args.top_p, "repetition_penalty": args.repetition_penalty, "seed": args.seed}
+
+
 def cmd_generate(args) -> int:
+    import sys
+    import time
+
     from .runner import LLMRunner
 
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise InputError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3")
+    if args.chat and args.prompt is None:
+        raise InputError("--chat applies the chat template to --prompt TEXT")
     runner = LLMRunner(args.package)
     eos = [] if args.ignore_eos else None
-    out = runner.generate(_ids(args.prompt_ids), args.max_new_tokens, eos_token_ids=eos)
-    print(",".join(str(t) for t in out))
+    if args.prompt_ids is not None:
+        out = runner.generate(_ids(args.prompt_ids), args.max_new_tokens, eos_token_ids=eos, **_sampling(args))
+        print(",".join(str(t) for t in out))
+        return 0
+    ids = runner.encode(args.prompt, chat=args.chat)
+    start, count = time.perf_counter(), 0
+    tokens = runner.iter_tokens(ids, args.max_new_tokens, eos_token_ids=eos, **_sampling(args))
+    stop = set(runner.eos_token_ids if eos is None else eos)
+
+    def counted():
+        nonlocal count
+        for t, _ in tokens:
+            count += 1
+            if t not in stop:
+                yield t
+
+    for piece in runner.text.stream(counted()):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    seconds = time.perf_counter() - start
+    sys.stdout.write("\n")
+    print(f"[{len(ids)} prompt tokens, {count} new tokens in {seconds:.2f} s: {count / max(seconds, 1e-9):.1f} "
+          "tokens/s]", file=sys.stderr)
     return 0
 
 
@@ -99,9 +132,20 @@ def add_commands(sub) -> None:
                         "and fail unless they are the same")
     e.set_defaults(func=cmd_export_llm)
 
-    g = sub.add_parser("generate", help="greedy generation with an export-llm package, in onert")
+    g = sub.add_parser("generate", help="generate text (or ids) with an export-llm package, in onert")
     g.add_argument("package", help="directory written by export-llm")
-    g.add_argument("--prompt-ids", required=True, help="comma-separated token ids, e.g. 1,2,3")
+    g.add_argument("--prompt", default=None, help="prompt text; the new text is streamed to stdout, "
+                   "tokens/s to stderr")
+    g.add_argument("--chat", action="store_true", help="apply the package's chat template to --prompt "
+                   "(one user message)")
+    g.add_argument("--prompt-ids", default=None, help="comma-separated token ids, e.g. 1,2,3 (prints ids)")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
+    g.add_argument("--sample", action="store_true", help="sample (implied by --temperature/--top-k/--top-p)")
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None, help="seed of the sampler (same choices as "
+                   "torch.manual_seed(SEED) before transformers' generate)")
     g.set_defaults(func=cmd_generate)

@@ -30,6 +30,7 @@ from ..quant.config import resolve_quantize
 from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
 from .package import LLMPackage
+from .text import default_tokenizer, text_assets
 
 try:
     from .cache import DecodeStep, Prefill, layer_kinds
@@ -107,7 +108,7 @@ def _capture(module, args, input_names, pipeline, quantize=None):
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
-               eos_token_ids=None, quantize=None) -> LLMPackage:
+               eos_token_ids=None, quantize=None, tokenizer="auto") -> LLMPackage:
     """Export ``model`` (a transformers ``…ForCausalLM``, float32) as a prefill model and a
     decode-step model with an explicit KV cache of ``max_seq_len`` positions per layer.
 
@@ -118,12 +119,18 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     ``eos_token_ids`` overrides the ones recorded from ``model.generation_config``.
     ``quantize``: as for :func:`circle_fx.export` (``"int8-weights"``: both models store int8
     linear weights and a uint8 embedding; caches and activations stay float32).
+    ``tokenizer``: a transformers tokenizer, a ``tokenizers.Tokenizer``, or a path (a
+    ``tokenizer.json`` or a ``save_pretrained`` directory), stored in the package as
+    ``tokenizer.json`` with the chat template (``LLMRunner.generate_text``); ``"auto"`` takes
+    the one saved next to the model's weights if the model was loaded from such a directory,
+    ``None`` stores none (ids only). The generation config is stored in any case.
     Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
     """
     if DecodeStep is None:
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
     quantize = resolve_quantize(quantize)  # a bad value fails before the (slow) captures
     spec = model_spec(model, max_seq_len, prefill_len)
+    text, assets = text_assets(default_tokenizer(model) if isinstance(tokenizer, str) and tokenizer == "auto" else tokenizer, model)
     L, S, P = spec.num_layers, spec.max_seq_len, spec.prefill_len
     cache_names = [f"{kind}_cache_{i}" for i in range(L) for kind in ("key", "value")]
     training = model.training
@@ -145,7 +152,8 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
-    return LLMPackage(manifest, decode=decode, prefill=prefill)
+    manifest["text"] = text
+    return LLMPackage(manifest, decode=decode, prefill=prefill, assets=assets)
 
 
 def _token_ids(value) -> list[int]:

@@ -20,7 +20,11 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
       "decode":  {"file": "decode.circle", "inputs": [IO...], "outputs": [IO...],
                   "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
                                     "first_cache_row": "position", "count": 1,
-                                    "rows": "0 -> position"}, ...]}
+                                    "rows": "0 -> position"}, ...]},
+      "text": {"tokenizer": "tokenizer.json" | null,        # HF `tokenizers` format
+               "chat_template": "chat_template.jinja" | null, # jinja2, rendered as transformers does
+               "special_tokens": {"bos_token": "...", "eos_token": "...", ...},  # template variables
+               "generation_config": "generation_config.json" | null}  # transformers' GenerationConfig
     }
 
 ``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
@@ -33,6 +37,12 @@ slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
    the same positions; ``logits`` [1,1,V] are the next-token logits;
 3. decode at position ``p`` (``p < S``): ``input_ids`` [1,1], ``position`` [1] = p; run;
    write row 0 of every ``key_i``/``value_i`` output into its cache at row ``p``.
+
+Text: encode a plain prompt with the tokenizer's own special tokens (its post-processor adds
+BOS if the model wants one); a chat prompt is the template rendered with ``messages``,
+``add_generation_prompt=True`` and the special tokens, encoded without adding any. Decode
+the new ids skipping special tokens. The ``text`` section is absent in packages written
+before it existed (ids only).
 
 A prompt longer than P is prefilled in its first P tokens and fed to decode one token
 at a time after that.
@@ -71,6 +81,12 @@ def cache_writes(num_layers: int, rows: str, first_cache_row, count) -> list[dic
             for i in range(num_layers) for kind in ("key", "value")]
 
 
+def asset_files(manifest: dict) -> list[str]:
+    """The text files the manifest names (tokenizer, chat template, generation config)."""
+    text = manifest.get("text") or {}
+    return [text[k] for k in ("tokenizer", "chat_template", "generation_config") if text.get(k)]
+
+
 def write(directory: str, manifest: dict) -> str:
     path = os.path.join(directory, FILE)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -100,4 +116,7 @@ def read(directory: str) -> dict:
         f = os.path.join(directory, m[part]["file"])
         if not os.path.isfile(f):
             raise InputError(f"{directory}: {m[part]['file']} is missing (named in {FILE})")
+    for name in asset_files(m):
+        if not os.path.isfile(os.path.join(directory, name)):
+            raise InputError(f"{directory}: {name} is missing (named in {FILE})")
     return m

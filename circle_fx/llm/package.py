@@ -2,8 +2,9 @@
 
 Right after ``export_llm`` it holds the two :class:`~circle_fx.CircleModel` objects;
 after ``LLMPackage.load(dir)`` it holds only file paths (nothing is re-exported).
-``save(dir)`` writes ``prefill.circle``, ``decode.circle`` (each atomically) and then
-``manifest.json`` last, so a directory with a manifest always has both models.
+``save(dir)`` writes ``prefill.circle``, ``decode.circle`` (each atomically), the text files
+(``tokenizer.json``, ``chat_template.jinja``, ``generation_config.json``: ``assets``) and then
+``manifest.json`` last, so a directory with a manifest always has every file it names.
 """
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from . import manifest as mf
 
 
 class LLMPackage:
-    def __init__(self, manifest: dict, decode=None, prefill=None, directory: str | None = None):
+    def __init__(self, manifest: dict, decode=None, prefill=None, directory: str | None = None,
+                 assets: dict[str, str] | None = None):
         self.manifest = manifest
         self.decode = decode
         self.prefill = prefill
         self.directory = directory
+        self.assets = dict(assets or {})  # file name -> text contents, written next to the models
 
     @classmethod
     def load(cls, directory) -> "LLMPackage":
@@ -34,6 +37,12 @@ class LLMPackage:
                 model.save(dest)
             elif self.directory and os.path.abspath(self.directory) != os.path.abspath(directory):
                 shutil.copyfile(os.path.join(self.directory, self.manifest[part]["file"]), dest)
+        for name in mf.asset_files(self.manifest):
+            dest = os.path.join(directory, name)
+            if name in self.assets:
+                _write_text(dest, self.assets[name])
+            elif self.directory and os.path.abspath(self.directory) != os.path.abspath(directory):
+                shutil.copyfile(os.path.join(self.directory, name), dest)
         mf.write(directory, self.manifest)
         self.directory = self.directory or directory
         return directory
@@ -57,3 +66,10 @@ class LLMPackage:
         m = self.manifest
         return (f"<LLMPackage {m['model']['architecture']} layers={m['model']['num_layers']} "
                 f"max_seq_len={m['max_seq_len']} prefill_len={m['prefill_len']}>")
+
+
+def _write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)

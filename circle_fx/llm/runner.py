@@ -1,4 +1,6 @@
-""":class:`LLMRunner`: greedy generation with an exported package, in onert.
+""":class:`LLMRunner`: generation with an exported package, in onert: token ids
+(:meth:`LLMRunner.generate`) or text (:meth:`LLMRunner.generate_text`, streamed by
+:meth:`LLMRunner.stream_text`), greedy or sampled (:mod:`circle_fx.llm.sampling`).
 
 The caches live in numpy arrays owned by the runner and are bound to the decode session
 once (``nnfw_session.set_input`` keeps a pointer to the caller's buffer: no copy per
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..errors import InputError, RuntimeFailure
 from . import manifest as mf
+from .sampling import Chooser, Sampling
 
 
 class _Session:
@@ -60,6 +63,7 @@ class LLMRunner:
         self.max_seq_len, self.prefill_len = m["max_seq_len"], m["prefill_len"]
         self.eos_token_ids = list(m.get("eos_token_ids") or [])
         self.pad = m.get("pad_token_id") or 0
+        self._text = None
         self.decode = _Session(os.path.join(self.directory, m["decode"]["file"]))
         self.prefill = _Session(os.path.join(self.directory, m["prefill"]["file"]))
         din = {e["name"]: e["index"] for e in m["decode"]["inputs"]}
@@ -124,17 +128,32 @@ class LLMRunner:
         return min(prompt_len, self.prefill_len) >= cost
 
     def generate(self, input_ids, max_new_tokens: int, eos_token_ids=None, return_logits: bool = False,
-                 use_prefill: bool | None = None):
-        """Greedy decoding; returns the prompt followed by the new tokens (as ``model.generate``).
+                 use_prefill: bool | None = None, **sampling):
+        """Returns the prompt followed by the new tokens (as ``model.generate``); greedy unless
+        sampling is asked for.
 
         Stops after ``max_new_tokens`` or at an EOS id (``eos_token_ids``, default the
         manifest's; pass ``[]`` to never stop early). ``return_logits=True`` returns
         ``(tokens, logits)`` with the [V] logits each new token was picked from.
         ``use_prefill``: run the prompt through the prefill model (True) or through decode
         steps one token at a time (False); None picks by cost, see :meth:`prefill_pays`.
-        Both give the same tokens.
+        Both give the same tokens. ``sampling``: ``do_sample``, ``temperature``, ``top_k``,
+        ``top_p``, ``repetition_penalty``, ``seed`` with transformers' meaning
+        (:mod:`circle_fx.llm.sampling`).
         """
         ids = _as_ids(input_ids)
+        out, seen = list(ids), []
+        for token, logits in self.iter_tokens(ids, max_new_tokens, eos_token_ids, use_prefill, **sampling):
+            out.append(token)
+            seen.append(logits)
+        return (out, seen) if return_logits else out
+
+    def iter_tokens(self, input_ids, max_new_tokens: int, eos_token_ids=None, use_prefill: bool | None = None,
+                    **sampling):
+        """Yields ``(token, logits)`` for each new token as soon as it is chosen (arguments as
+        :meth:`generate`); everything is checked before the first model call."""
+        ids = _as_ids(input_ids)
+        chooser = Chooser(Sampling.make(**sampling))
         if max_new_tokens < 0:
             raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if len(ids) > self.max_seq_len:
@@ -144,11 +163,14 @@ class LLMRunner:
         if need > self.max_seq_len:
             raise InputError(f"a {len(ids)}-token prompt plus {max_new_tokens} new tokens needs {need} cache "
                              f"positions; the package was exported with max_seq_len {self.max_seq_len}")
-        if max_new_tokens == 0:
-            return (ids, []) if return_logits else ids
         vocab = self.manifest["model"]["vocab_size"]
         if any(not 0 <= t < vocab for t in ids):
             raise InputError(f"token ids must be in 0..{vocab - 1}, got {[t for t in ids if not 0 <= t < vocab][:5]}")
+        return self._tokens(ids, max_new_tokens, eos_token_ids, use_prefill, chooser)
+
+    def _tokens(self, ids, max_new_tokens, eos_token_ids, use_prefill, chooser):
+        if max_new_tokens == 0:
+            return
         eos = set(self.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.reset()
         prefill = self.prefill_pays(len(ids)) if use_prefill is None else use_prefill
@@ -156,15 +178,42 @@ class LLMRunner:
         logits = self.run_prefill(head) if head else None
         for p in range(len(head), len(ids)):  # decode steps: a short prompt, or one longer than the prefill model
             logits = self.step(ids[p], p)
-        out, seen = list(ids), []
+        out = list(ids)
         for k in range(max_new_tokens):
-            seen.append(logits)
-            token = int(np.argmax(logits))
+            token = chooser(logits, out)
             out.append(token)
+            yield token, logits
             if token in eos or k == max_new_tokens - 1:
                 break
             logits = self.step(token, len(out) - 1)
-        return (out, seen) if return_logits else out
+
+    # ------------------------------------------------------------------ text
+    @property
+    def text(self):
+        """The package's :class:`~circle_fx.llm.text.TextCodec` (tokenizer + chat template)."""
+        if self._text is None:
+            from .text import TextCodec
+
+            self._text = TextCodec(self.directory, self.manifest.get("text"))
+        return self._text
+
+    def encode(self, prompt, chat: bool = False) -> list[int]:
+        """Prompt ids as transformers' tokenizer (``chat=True``: its ``apply_chat_template``) gives them."""
+        return self.text.encode(prompt, chat)
+
+    def stream_text(self, prompt, max_new_tokens: int = 256, chat: bool = False, **kwargs):
+        """Yields the generated text piece by piece as tokens are chosen (their concatenation is
+        :meth:`generate_text`'s result). ``prompt``: a string, or with ``chat=True`` a string
+        (one user message) or a list of ``{"role", "content"}`` messages. Other arguments as
+        :meth:`generate` (EOS stops generation; sampling settings)."""
+        kwargs.pop("return_logits", None)
+        tokens = self.iter_tokens(self.encode(prompt, chat), max_new_tokens, **kwargs)
+        eos = set(self.eos_token_ids if kwargs.get("eos_token_ids") is None else kwargs["eos_token_ids"])
+        return self.text.stream(t for t, _ in tokens if t not in eos)
+
+    def generate_text(self, prompt, max_new_tokens: int = 256, chat: bool = False, **kwargs) -> str:
+        """The generated text (special tokens skipped), arguments as :meth:`stream_text`."""
+        return "".join(self.stream_text(prompt, max_new_tokens, chat, **kwargs))
 
 
 def _as_ids(input_ids) -> list[int]:

@@ -69,7 +69,7 @@ def test_load_and_save_elsewhere(saved, tmp_path):
     loaded = LLMPackage.load(d)
     assert loaded.manifest == pkg.manifest and loaded.decode is None
     loaded.save(tmp_path / "copy")
-    assert sorted(os.listdir(tmp_path / "copy")) == ["decode.circle", "manifest.json", "prefill.circle"]
+    assert sorted(os.listdir(tmp_path / "copy")) == ["decode.circle", "generation_config.json", "manifest.json", "prefill.circle"]
     ids = torch.tensor([[3, 4, 5]])
     want = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)[0].tolist()
     assert LLMRunner(tmp_path / "copy").generate(ids, 8, eos_token_ids=[]) == want
