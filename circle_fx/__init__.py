@@ -5,6 +5,7 @@
     cm.save("model.circle"); print(cm.summary()); cm.run(input_ids)
 """
 from . import ops  # noqa: F401  (registers torch.ops.circle.*)
+from . import ops_nhwc  # noqa: F401  (registers torch.ops.circle.*_nhwc)
 from .api import capture, export, lower
 from .errors import (CaptureError, CircleFxError, InputError, OutputError, PassError, RuntimeFailure,
                      UnsupportedDtypeError, UnsupportedOpError, VerifyError)

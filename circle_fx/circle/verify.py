@@ -14,7 +14,7 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
   reductions keep their input's type;
 - shapes: the output shape follows the op's rule for the ops circle_fx emits (broadcasting,
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
-  reductions, STRIDED_SLICE, PAD, ARG_MAX, CONV_2D, SPLIT). Dynamic dims (``-1`` in ``shape_signature``) match anything;
+  reductions, STRIDED_SLICE, PAD, ARG_MAX, CONV_2D, DEPTHWISE_CONV_2D, the 2-D pools, SPLIT). Dynamic dims (``-1`` in ``shape_signature``) match anything;
 - signatures: names present and unique, pointing at exactly the graph inputs/outputs;
 - quantization: a quantized tensor is integer-typed, has one scale per tensor or one per
   slice along ``quantizedDimension`` (in range), one zero point per scale (within the type's
@@ -712,13 +712,51 @@ def _conv_2d(c: _Checker, op: OperatorView):
     if min(sh, sw, dh, dw) < 1:
         return f"strides {sh}x{sw} / dilations {dh}x{dw} must be >= 1"
     same = o.Padding() == circle.Padding.Padding.SAME
+    return _expect(c.dims(op.outputs[0]), [x[0], _window_out(x[1], f[1], sh, dh, same),
+                                           _window_out(x[2], f[2], sw, dw, same), f[0]])
 
-    def out(size, k, s, d):
-        if DYNAMIC in (size, k):
-            return DYNAMIC
-        return -(-size // s) if same else (size - (k - 1) * d - 1) // s + 1
 
-    return _expect(c.dims(op.outputs[0]), [x[0], out(x[1], f[1], sh, dh), out(x[2], f[2], sw, dw), f[0]])
+def _window_out(size, k, s, d, same):
+    """Output length of a sliding window (kernel ``k``, stride ``s``, dilation ``d``) under
+    Circle's SAME or VALID padding; DYNAMIC when unknown."""
+    if DYNAMIC in (size, k):
+        return DYNAMIC
+    return -(-size // s) if same else (size - (k - 1) * d - 1) // s + 1
+
+
+def _depthwise_conv_2d(c: _Checker, op: OperatorView):
+    """NHWC input, filter [1, kH, kW, C * depthMultiplier], bias [C * depthMultiplier]."""
+    if len(op.inputs) != 3 or op.inputs[2] < 0:
+        return f"has {len(op.inputs)} inputs / no bias; DEPTHWISE_CONV_2D needs input, filter and bias"
+    x, f, b = c.dims(op.inputs[0]), c.dims(op.inputs[1]), c.dims(op.inputs[2])
+    if len(x) != 4 or len(f) != 4 or f[0] != 1:
+        return f"input {_fmt(x)} must be NHWC and filter {_fmt(f)} [1, kH, kW, C*M]"
+    o = c.options(op, "DepthwiseConv2DOptions")
+    m = o.DepthMultiplier()
+    if DYNAMIC not in (x[3], f[3]) and x[3] * m != f[3]:
+        return f"input channels {x[3]} x depthMultiplier {m} != filter channels {f[3]}"
+    if len(b) != 1 or not _same(b[0], f[3]):
+        return f"bias shape {_fmt(b)} should be [{f[3]}]"
+    sh, sw, dh, dw = o.StrideH(), o.StrideW(), o.DilationHFactor(), o.DilationWFactor()
+    if min(sh, sw, dh, dw) < 1:
+        return f"strides {sh}x{sw} / dilations {dh}x{dw} must be >= 1"
+    same = o.Padding() == circle.Padding.Padding.SAME
+    return _expect(c.dims(op.outputs[0]), [x[0], _window_out(x[1], f[1], sh, dh, same),
+                                           _window_out(x[2], f[2], sw, dw, same), f[3]])
+
+
+def _pool_2d(c: _Checker, op: OperatorView):
+    """MAX_POOL_2D / AVERAGE_POOL_2D: NHWC in and out, window and strides from Pool2DOptions."""
+    x = c.dims(op.inputs[0])
+    if len(x) != 4:
+        return f"input {_fmt(x)} must be 4-D (NHWC)"
+    o = c.options(op, "Pool2DOptions")
+    kh, kw, sh, sw = o.FilterHeight(), o.FilterWidth(), o.StrideH(), o.StrideW()
+    if min(kh, kw, sh, sw) < 1:
+        return f"window {kh}x{kw} / strides {sh}x{sw} must be >= 1"
+    same = o.Padding() == circle.Padding.Padding.SAME
+    return _expect(c.dims(op.outputs[0]), [x[0], _window_out(x[1], kh, sh, 1, same),
+                                           _window_out(x[2], kw, sw, 1, same), x[3]])
 
 
 def _split(c: _Checker, op: OperatorView):
@@ -745,4 +783,5 @@ def _split(c: _Checker, op: OperatorView):
     return None
 
 
-_RULES.update({BO.CONV_2D: _conv_2d, BO.SPLIT: _split})
+_RULES.update({BO.CONV_2D: _conv_2d, BO.SPLIT: _split, BO.DEPTHWISE_CONV_2D: _depthwise_conv_2d,
+               BO.MAX_POOL_2D: _pool_2d, BO.AVERAGE_POOL_2D: _pool_2d})

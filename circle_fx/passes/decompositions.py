@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..circle.dims import around
+from .decompositions_nhwc import DECOMPOSITIONS as NHWC_DECOMPOSITIONS
 
 aten = torch.ops.aten
 
@@ -142,48 +143,6 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
         return NotImplemented
     dims = list(range(x.dim())) if dim is None else list(dim)
     return torch.sqrt(torch.sum(x.pow(2), dims, keepdim=keepdim))
-
-
-def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """1-D convolution (``conv1d``: LFM2's short causal conv, Mamba-style blocks, ZAYA's
-    per-head q/k conv) as a sum over the kernel taps of shifted slices: depthwise
-    (``groups == channels``) taps are a per-channel MUL, ``groups == 1`` taps a matmul, other
-    group counts one batched matmul per tap over the groups. Kernels are a handful of taps, so
-    this is K small ops; 2-D is left to a future CONV_2D lowering."""
-    if transposed or x.dim() != 3 or len(stride) != 1:
-        return NotImplemented
-    c_in, c_out, k = x.shape[1], weight.shape[0], weight.shape[2]
-    if c_in % groups or c_out % groups:
-        return NotImplemented
-    depthwise = groups == c_in and c_out == c_in
-    s, p, d = stride[0], padding[0], dilation[0]
-    if p:
-        x = torch.nn.functional.pad(x, (p, p))
-    length = (x.shape[2] - d * (k - 1) - 1) // s + 1
-    xt = x.transpose(1, 2)                                                       # [B, L, C_in]
-    out = None
-    for tap in range(k):
-        xs = xt[:, tap * d: tap * d + s * (length - 1) + 1: s]                    # [B, L_out, C_in]
-        if groups == 1:
-            term = torch.nn.functional.linear(xs, weight[:, :, tap])               # FULLY_CONNECTED
-        elif depthwise:
-            term = xs * weight[:, 0, tap]
-        else:
-            term = _grouped_tap(xs, weight[:, :, tap], groups)
-        out = term if out is None else out + term
-    if bias is not None:
-        out = out + bias
-    return out.transpose(1, 2)
-
-
-def _grouped_tap(xs, w, groups):
-    """One tap of a grouped convolution: ``xs`` [B, L, G*Ci] times the tap's weight
-    [G*Co, Ci], group by group, as one BATCH_MATMUL [B, G, L, Ci] x [G, Ci, Co]."""
-    b, n, c_in = xs.shape
-    co = w.shape[0] // groups
-    xg = xs.reshape(b, n, groups, c_in // groups).transpose(1, 2)                # [B, G, L, Ci]
-    wg = w.reshape(groups, co, c_in // groups).transpose(1, 2)                   # [G, Ci, Co]
-    return torch.matmul(xg, wg).transpose(1, 2).reshape(b, n, groups * co)      # [B, L, G*Co]
 
 
 def repeat(x, repeats):
@@ -360,7 +319,6 @@ DECOMPOSITIONS = {
     aten.repeat.default: repeat,
     aten.log1p.default: log1p,
     aten.flip.default: flip,
-    aten.convolution.default: convolution,
     aten.linalg_vector_norm.default: vector_norm,
     aten.expm1.default: expm1,
     aten.var_mean.correction: var_mean,
@@ -380,3 +338,6 @@ DECOMPOSITIONS = {
     aten.min.other: lambda a, b: torch.minimum(a, b),
     aten.max.other: lambda a, b: torch.maximum(a, b),
 }
+
+# convolutions and pools: NHWC custom ops between permutes (Circle computes them channels-last)
+DECOMPOSITIONS.update(NHWC_DECOMPOSITIONS)

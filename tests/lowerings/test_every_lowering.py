@@ -22,6 +22,7 @@ from circle_fx.quant.lowerings import static
 from circle_fx.emit.writer import serialize
 from circle_fx.model import CircleModel, ExportReport
 from circle_fx.ops import rms_norm, rope
+from circle_fx.ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from circle_fx.quant.ops import embedding_w8, linear_w8
 from circle_fx.source import op_name
 
@@ -211,6 +212,10 @@ CASES = {
     # largest magnitude is 127 are quantized exactly, so the comparison stays at float noise)
     linear_w8: (W8Linear(), (torch.tensor([[[127., -3, 5, 0], [-127, 64, 1, 2], [7, 127, -9, 3]]] * 2),)),
     embedding_w8: (W8Embedding(), (ints(2, 3, high=10),)),
+    # NCHW convolutions and pools become these channels-last ops (more forms: test_conv_pool.py)
+    conv2d_nhwc: (torch.nn.Conv2d(3, 4, 3, padding=1), (r(1, 3, 6, 6),)),
+    max_pool2d_nhwc: (torch.nn.MaxPool2d(3, 2, 1), (r(1, 2, 7, 7),)),
+    avg_pool2d_nhwc: (torch.nn.AvgPool2d(3, 2, 1), (r(1, 2, 7, 7),)),
 }
 
 #: targets that only appear in a graph exported with dynamic shapes: target -> (module, inputs, dynamic_shapes)

@@ -4,7 +4,7 @@ table) or rewritten (``passes/complex_to_real.py``) into ops that lower, then ru
 and match eager. One tiny module per op, written the way the family writes it.
 
 Tolerance: rtol=atol=1e-5 (float32; decompositions reassociate sums, e.g. ``var_mean`` and
-``conv1d`` taps, and ``expm1`` is ``exp(x) - 1``).
+``conv1d`` as CONV_2D, and ``expm1`` is ``exp(x) - 1``).
 """
 from __future__ import annotations
 

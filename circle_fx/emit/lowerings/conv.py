@@ -1,0 +1,167 @@
+"""Channels-last convolutions and pools (``circle.*_nhwc``) -> CONV_2D, DEPTHWISE_CONV_2D,
+MAX_POOL_2D, AVERAGE_POOL_2D.
+
+Padding: Circle has only SAME and VALID. Each spatial dim's explicit ``[before, after]``
+padding (``ops_nhwc``) is compared with what SAME would pad; when they agree the op uses SAME,
+otherwise a PAD (zeros; ``-inf`` for max pools, which never wins a max) in front and VALID.
+Rows that torch pads but no window reads are not padded.
+
+Weights are torch's ``[out, in/groups, kH, kW]`` constants, reordered once at compile time:
+``groups == 1`` -> CONV_2D filter ``[out, kH, kW, in]``; one group per input channel
+(depthwise, any channel multiplier) -> DEPTHWISE_CONV_2D filter ``[1, kH, kW, out]``; other
+group counts -> a SPLIT along channels, one CONV_2D per group, a CONCATENATION. onert needs
+the bias slot filled, so a conv without bias gets zeros.
+
+Average pools: AVERAGE_POOL_2D divides by the window area; torch divides by the cells it
+counts (``count_include_pad``, ``ceil_mode`` windows, ``divisor_override``). The ratio per
+output cell depends only on shapes, so it is computed here with torch and applied as one
+MUL by a constant ``[1, Ho, Wo, 1]`` map when it is not all ones (SAME is used when it is
+exactly torch's divisor).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...fx_utils import arguments
+from ...ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
+from ..registry import lowering
+from ._common import BO, options
+
+SAME, VALID = 0, 1  # circle.Padding.Padding
+
+
+def _spatial(ctx, node, x) -> tuple[list[int], list[int]]:
+    """Static ``[H, W]`` of the input and of the result (NHWC)."""
+    in_dims, out_dims = ctx.dims(x), ctx.dims(node)
+    if -1 in in_dims[1:] or -1 in out_dims[1:]:
+        raise ctx.error(f"dynamic spatial or channel dims ({in_dims} -> {out_dims}) are not supported")
+    return in_dims[1:3], out_dims[1:3]
+
+
+def _plan(sizes, outs, kernel, stride, dilation, pads):
+    """(SAME or VALID, the ``[[before, after]] * 2`` rows a VALID window needs padded, or None
+    when it needs none) for these windows."""
+    needed, same = [], True
+    for i in range(2):
+        k = dilation[i] * (kernel[i] - 1) + 1
+        before = pads[2 * i]
+        after = (outs[i] - 1) * stride[i] + k - sizes[i] - before  # < 0: trailing rows no window reads
+        needed.append([before, max(after, 0)])
+        out_same = -(-sizes[i] // stride[i])
+        total = max((out_same - 1) * stride[i] + k - sizes[i], 0)
+        same &= outs[i] == out_same and [before, max(after, 0)] == [total // 2, total - total // 2]
+    if not any(sum(p) for p in needed):
+        return VALID, None
+    return (SAME if same else VALID), needed
+
+
+def _padded(ctx, x, dtype, pads, value=None) -> int:
+    """``x`` (NHWC) with ``pads`` ``[[top, bottom], [left, right]]`` added: PAD, or PADV2 for ``value``."""
+    dims = ctx.dims(x)
+    table = np.array([[0, 0], *pads, [0, 0]], dtype=np.int32)
+    out_dims = [d if d == -1 else d + sum(p) for d, p in zip(dims, table.tolist())]
+    out = ctx.new_tensor(out_dims, dtype, "padded", [h + sum(p) for h, p in zip(ctx.shape_hint(x), table.tolist())])
+    inputs = [ctx.tensor(x), ctx.const(table, "paddings")]
+    if value is None:
+        ctx.op(BO.PAD, inputs, [out])
+    else:
+        inputs.append(ctx.const(np.array(value, dtype=np.float32), "pad_value"))
+        ctx.op(BO.PADV2, inputs, [out])
+    return out
+
+
+def _input(ctx, node, x, plan, value=None) -> tuple[int, int]:
+    """(Circle padding, input tensor): SAME on ``x``, or VALID on ``x`` padded as needed."""
+    padding, pads = plan
+    if padding == SAME or pads is None:
+        return padding, ctx.tensor(x)
+    return padding, _padded(ctx, x, ctx.dtype(node), pads, value)
+
+
+@lowering(conv2d_nhwc)
+def conv2d(ctx, node):
+    x, w, b, stride, pads, dilation, groups = arguments(node)
+    weight = ctx.constant(w)
+    if weight is None:
+        raise ctx.error(f"the weight %{w.name} of a convolution must be a constant (a parameter or buffer)")
+    if b is not None and ctx.constant(b) is None:
+        raise ctx.error(f"the bias %{b.name} of a convolution must be a constant")
+    weight = weight.detach()
+    sizes, outs = _spatial(ctx, node, x)
+    padding, xt = _input(ctx, node, x, _plan(sizes, outs, weight.shape[2:], stride, dilation, pads))
+    c_in, c_out = ctx.dims(x)[3], weight.shape[0]
+    bias = (ctx.constant(b).detach() if b is not None else torch.zeros(c_out, dtype=weight.dtype))
+    common = dict(padding=padding, strideH=stride[0], strideW=stride[1], dilationHFactor=dilation[0],
+                  dilationWFactor=dilation[1])
+    if groups == 1:
+        _conv(ctx, xt, weight, bias, ctx.output(node), common)
+    elif groups == c_in and c_out % c_in == 0:
+        filt = weight.reshape(c_out, *weight.shape[2:]).permute(1, 2, 0).unsqueeze(0).contiguous()
+        ctx.op(BO.DEPTHWISE_CONV_2D, [xt, ctx.const_tensor(filt, f"{w.target}_dw"), ctx.const(bias.numpy(), "bias")],
+               [ctx.output(node)], options("DepthwiseConv2DOptions", depthMultiplier=c_out // c_in, **common))
+    else:
+        _grouped(ctx, node, xt, weight, bias, groups, common)
+
+
+def _conv(ctx, xt, weight, bias, out, common):
+    filt = weight.permute(0, 2, 3, 1).contiguous()  # OHWI
+    ctx.op(BO.CONV_2D, [xt, ctx.const_tensor(filt, "filter"), ctx.const(bias.numpy(), "bias")], [out],
+           options("Conv2DOptions", **common))
+
+
+def _grouped(ctx, node, xt, weight, bias, groups, common):
+    """A SPLIT of the (padded) input along channels, one CONV_2D per group, CONCATENATION."""
+    in_dims = ctx.tensor_dims(xt)
+    out_dims, hint = ctx.dims(node), ctx.shape_hint(node)
+    piece_in = in_dims[:3] + [in_dims[3] // groups]
+    pieces = [ctx.new_tensor(piece_in, ctx.dtype(node), f"group{g}_in", ctx.tensor_hint(xt)[:3] + [piece_in[3]])
+              for g in range(groups)]
+    ctx.op(BO.SPLIT, [ctx.int_const(3, "axis"), xt], pieces, options("SplitOptions", numSplits=groups))
+    co = weight.shape[0] // groups
+    results = []
+    for g in range(groups):
+        y = ctx.new_tensor(out_dims[:3] + [co], ctx.dtype(node), f"group{g}", hint[:3] + [co])
+        _conv(ctx, pieces[g], weight[g * co:(g + 1) * co], bias[g * co:(g + 1) * co], y, common)
+        results.append(y)
+    ctx.op(BO.CONCATENATION, results, [ctx.output(node)], options("ConcatenationOptions", axis=3))
+
+
+def _pool_options(padding, kernel, stride):
+    return options("Pool2DOptions", padding=padding, strideH=stride[0], strideW=stride[1],
+                   filterHeight=kernel[0], filterWidth=kernel[1])
+
+
+@lowering(max_pool2d_nhwc)
+def max_pool2d(ctx, node):
+    x, kernel, stride, pads = arguments(node)
+    sizes, outs = _spatial(ctx, node, x)
+    padding, xt = _input(ctx, node, x, _plan(sizes, outs, kernel, stride, [1, 1], pads), float("-inf"))
+    ctx.op(BO.MAX_POOL_2D, [xt], [ctx.output(node)], _pool_options(padding, kernel, stride))
+
+
+@lowering(avg_pool2d_nhwc)
+def avg_pool2d(ctx, node):
+    x, kernel, stride, pads, ceil_mode, count_include_pad, divisor_override = arguments(node)
+    sizes, outs = _spatial(ctx, node, x)
+    # torch's result over Circle's VALID pool of the zero-padded input, per output cell
+    ones = torch.ones(1, 1, *sizes, dtype=torch.float64)
+    torch_avg = F.avg_pool2d(ones, kernel, stride, [pads[0], pads[2]], ceil_mode, count_include_pad, divisor_override)
+    plan = _plan(sizes, outs, kernel, stride, [1, 1], pads)
+    if plan[0] == SAME and torch.allclose(torch_avg, torch.ones_like(torch_avg)):
+        # torch divides by the cells inside the input, as SAME does
+        ctx.op(BO.AVERAGE_POOL_2D, [ctx.tensor(x)], [ctx.output(node)], _pool_options(SAME, kernel, stride))
+        return
+    pad_table = plan[1] or [[0, 0], [0, 0]]
+    area = kernel[0] * kernel[1]
+    inside = F.avg_pool2d(F.pad(ones, (*pad_table[1], *pad_table[0])), kernel, stride) * area
+    factor = torch.where(inside > 0, area * torch_avg / inside.clamp(min=1), torch.ones_like(inside))
+    xt = ctx.tensor(x) if plan[1] is None else _padded(ctx, x, ctx.dtype(node), plan[1])
+    if torch.allclose(factor, torch.ones_like(factor), rtol=0, atol=1e-12):
+        ctx.op(BO.AVERAGE_POOL_2D, [xt], [ctx.output(node)], _pool_options(VALID, kernel, stride))
+        return
+    pooled = ctx.like(node, "pool")
+    ctx.op(BO.AVERAGE_POOL_2D, [xt], [pooled], _pool_options(VALID, kernel, stride))
+    scale = factor.reshape(1, outs[0], outs[1], 1).to(torch.float32).numpy()
+    ctx.op(BO.MUL, [pooled, ctx.const(scale, "divisor_fix")], [ctx.output(node)], options("MulOptions"))

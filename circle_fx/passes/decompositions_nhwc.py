@@ -1,0 +1,131 @@
+"""torch's NCHW convolutions and pools -> ``permute -> circle.*_nhwc -> permute``.
+
+Circle computes convolutions and pools channels-last (:mod:`circle_fx.ops_nhwc`). Each op
+here becomes its NHWC custom op between a permute to NHWC and one back; alone that costs two
+TRANSPOSEs per op, but the layout pass (:mod:`circle_fx.passes.nhwc`) moves the permutes
+through the elementwise ops between convolutions, and ``fold_views`` cancels the pairs that
+meet, so a CNN keeps one TRANSPOSE at its input and one at its output.
+
+1-D convolutions (``[B, C, L]``) run as 2-D ones over ``[B, 1, L, C]``: Circle has no
+CONV_1D. ``padding="same"`` and ``ceil_mode`` become explicit (possibly asymmetric) padding;
+the lowering picks Circle's SAME padding when it is the same thing, else a PAD in front.
+Forms Circle cannot run (transposed convolutions go to their own decomposition, 3-D,
+dilated pools) return ``NotImplemented`` and stay unsupported with the op's name.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
+
+aten = torch.ops.aten
+
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
+def _pair(v, n=2) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * n if len(v) == 1 else v
+
+
+def _same_pads(kernel, dilation) -> list[int]:
+    """torch's ``padding="same"`` (stride 1): total ``d*(k-1)``, the odd one at the end."""
+    pads = []
+    for k, d in zip(kernel, dilation):
+        total = d * (k - 1)
+        pads += [total // 2, total - total // 2]
+    return pads
+
+
+def _conv_nd(x, weight, bias, stride, padding, dilation, groups):
+    """``conv1d`` / ``conv2d`` (int or ``"same"``/``"valid"`` padding) via ``circle.conv2d_nhwc``."""
+    spatial = x.dim() - 2
+    if spatial not in (1, 2) or (x.dim() != weight.dim()):
+        return NotImplemented
+    if spatial == 1:  # [B, C, L] -> [B, C, 1, L]: a 2-D conv with a 1-row kernel
+        x, weight = x.unsqueeze(2), weight.unsqueeze(2)
+        stride, dilation = [1] + _pair(stride, 1), [1] + _pair(dilation, 1)
+        padding = padding if isinstance(padding, str) else [0] + _pair(padding, 1)
+    stride, dilation = _pair(stride), _pair(dilation)
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = [0, 0, 0, 0]
+        elif padding == "same" and stride == [1, 1]:
+            pads = _same_pads(weight.shape[2:], dilation)
+        else:
+            return NotImplemented
+    else:
+        p = _pair(padding)
+        pads = [p[0], p[0], p[1], p[1]]
+    y = conv2d_nhwc(x.permute(TO_NHWC), weight, bias, stride, pads, dilation, groups).permute(TO_NCHW)
+    return y.squeeze(2) if spatial == 1 else y
+
+
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv_nd(x, weight, bias, stride, padding, dilation, groups)
+
+
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        return NotImplemented
+    return _conv_nd(x, weight, bias, stride, padding, dilation, groups)
+
+
+def _pool_out(size, k, s, p, ceil_mode) -> int:
+    """torch's pooled length (a ``ceil_mode`` window must start inside the input or left padding)."""
+    out = (size + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _ceil_extra(size, k, s, p, out) -> int:
+    """Rows past torch's padding that a ``ceil_mode`` window reads (0 without ceil_mode)."""
+    return max((out - 1) * s + k - (size + 2 * p), 0)
+
+
+def max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    if x.dim() != 4 or _pair(dilation) != [1, 1]:
+        return NotImplemented
+    k = _pair(kernel_size)
+    s = _pair(stride) if stride else k
+    p = _pair(padding)
+    pads = []
+    for i in range(2):
+        pads += [p[i], p[i] + _ceil_extra(x.shape[2 + i], k[i], s[i], p[i], _pool_out(x.shape[2 + i], k[i], s[i], p[i], ceil_mode))]
+    return max_pool2d_nhwc(x.permute(TO_NHWC), k, s, pads).permute(TO_NCHW)
+
+
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    if x.dim() != 4:
+        return NotImplemented
+    k = _pair(kernel_size)
+    s = _pair(stride) if stride else k
+    p = _pair(padding)
+    return avg_pool2d_nhwc(x.permute(TO_NHWC), k, s, [p[0], p[0], p[1], p[1]], ceil_mode, count_include_pad,
+                           divisor_override).permute(TO_NCHW)
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """Output sizes that divide the input: an average pool with kernel = stride = in / out
+    (global pooling is one window over the whole map)."""
+    if x.dim() != 4:
+        return NotImplemented
+    size = [x.shape[2 + i] if o is None else o for i, o in enumerate(_pair(output_size))]
+    if any(n % o for n, o in zip(x.shape[2:], size)):
+        return NotImplemented
+    k = [n // o for n, o in zip(x.shape[2:], size)]
+    return avg_pool2d(x, k, k)
+
+
+DECOMPOSITIONS = {
+    aten.conv1d.default: conv,
+    aten.conv2d.default: conv,
+    aten.conv1d.padding: conv,
+    aten.conv2d.padding: conv,
+    aten.convolution.default: convolution,
+    aten.max_pool2d.default: max_pool2d,
+    aten.avg_pool2d.default: avg_pool2d,
+    aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+}

@@ -1,0 +1,72 @@
+"""Convolutions and pools in their torch forms, each exported, run in onert and compared with eager.
+
+Each form exercises one decision of ``passes/decompositions_nhwc.py`` / ``emit/lowerings/conv.py``:
+SAME vs PAD + VALID, asymmetric padding (``padding="same"`` with an even kernel, ``ceil_mode``),
+depthwise with and without a channel multiplier, other group counts (SPLIT + CONCATENATION),
+dilation, 1-D convolutions as 2-D ones, and the average-pool divisor correction.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import circle_fx
+from circle_fx.errors import CircleFxError
+
+from onert_eager import Fn, assert_onert_matches_eager
+
+
+def r(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+X3 = r(1, 3, 9, 12)   # odd height, even width: SAME's split of odd padding shows
+X4 = r(2, 4, 9, 12, seed=1)
+
+#: name -> (module, input, Circle op that must appear)
+FORMS = {
+    "conv_same_padding": (nn.Conv2d(3, 8, 3, padding=1), X3, "CONV_2D"),
+    "conv_stride2_pad1": (nn.Conv2d(3, 8, 3, stride=2, padding=1), X3, "CONV_2D"),
+    "conv_valid_dilated_no_bias": (nn.Conv2d(3, 4, 3, dilation=2, bias=False), X3, "CONV_2D"),
+    "conv_padding_same_even_kernel": (nn.Conv2d(3, 4, 4, padding="same"), X3, "CONV_2D"),
+    "conv_rect_kernel_asym_pad": (nn.Conv2d(3, 5, (1, 3), stride=(2, 1), padding=(2, 0)), X3, "CONV_2D"),
+    "conv_7x7_stride2_pad3": (nn.Conv2d(3, 4, 7, stride=2, padding=3), X3, "CONV_2D"),
+    "depthwise": (nn.Conv2d(4, 4, 3, padding=1, groups=4), X4, "DEPTHWISE_CONV_2D"),
+    "depthwise_multiplier_stride2": (nn.Conv2d(4, 8, 3, stride=2, groups=4), X4, "DEPTHWISE_CONV_2D"),
+    "depthwise_dilated": (nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=4), X4, "DEPTHWISE_CONV_2D"),
+    "grouped": (nn.Conv2d(4, 6, 3, groups=2, padding=(0, 1)), X4, "SPLIT"),
+    "max_pool_pad": (nn.MaxPool2d(3, 2, 1), X4, "MAX_POOL_2D"),
+    "max_pool_ceil": (nn.MaxPool2d(2, 2, ceil_mode=True), X4, "MAX_POOL_2D"),
+    "avg_pool": (nn.AvgPool2d(2), X4, "AVERAGE_POOL_2D"),
+    "avg_pool_pad_counted": (nn.AvgPool2d(3, 2, 1), X4, "AVERAGE_POOL_2D"),
+    "avg_pool_pad_excluded": (nn.AvgPool2d(3, 1, 1, count_include_pad=False), X4, "AVERAGE_POOL_2D"),
+    "avg_pool_ceil": (nn.AvgPool2d(3, 2, ceil_mode=True), X4, "AVERAGE_POOL_2D"),
+    "avg_pool_divisor_override": (nn.AvgPool2d(2, divisor_override=3), X4, "AVERAGE_POOL_2D"),
+    "adaptive_avg_pool_global": (nn.AdaptiveAvgPool2d(1), X4, "AVERAGE_POOL_2D"),
+    "adaptive_avg_pool_3x4": (nn.AdaptiveAvgPool2d((3, 4)), X4, "AVERAGE_POOL_2D"),
+    "conv1d_grouped": (nn.Conv1d(4, 6, 3, padding=1, groups=2), r(2, 4, 10), "CONV_2D"),
+    "conv1d_depthwise_causal_pad": (nn.Conv1d(4, 4, 4, padding=3, groups=4), r(1, 4, 10), "DEPTHWISE_CONV_2D"),
+    "conv1d_stride2": (nn.Conv1d(4, 3, 5, stride=2, padding=2), r(1, 4, 11), "CONV_2D"),
+}
+
+
+@pytest.mark.parametrize("name", list(FORMS))
+def test_form_runs_in_onert(name):
+    module, x, op = FORMS[name]
+    torch.manual_seed(0)
+    cm = assert_onert_matches_eager(module, (x,), rtol=1e-4, atol=1e-5)
+    assert op in cm.op_histogram(), cm.op_histogram()
+
+
+def test_same_padding_needs_no_pad_op():
+    """Symmetric padding equal to Circle's SAME (stride 1, odd kernel) is SAME: no PAD."""
+    cm = circle_fx.export(nn.Conv2d(3, 8, 3, padding=1).eval(), (X3,))
+    assert "PAD" not in cm.op_histogram() and cm.op_histogram()["CONV_2D"] == 1
+
+
+def test_unsupported_forms_name_the_op():
+    with pytest.raises(CircleFxError, match="adaptive_avg_pool2d"):
+        circle_fx.export(nn.AdaptiveAvgPool2d((2, 5)).eval(), (X4,))  # 9 % 2, 12 % 5: no fixed window
+    with pytest.raises(CircleFxError, match="must be a constant"):
+        circle_fx.export(Fn(lambda x, w: torch.nn.functional.conv2d(x, w)), (X3, r(2, 3, 3, 3)))
