@@ -12,9 +12,13 @@ from circle_fx.quant import CircleQuantizer  # noqa: E402
 
 
 def quantize_pt2e(model, example, calibration, quantizer=None):
-    """``torch.export`` -> ``prepare_pt2e`` -> run ``calibration`` -> ``convert_pt2e``."""
+    """``torch.export`` -> ``prepare_pt2e`` -> run ``calibration`` -> ``convert_pt2e``.
+
+    Default quantizer: the all-integer scheme (``quantize_elementwise=True``: add, mul and
+    RMSNorm units too), which the structural tests check op by op; LLM accuracy uses the
+    default ``CircleQuantizer()`` (tests/quant/test_pt2e_accuracy.py)."""
     gm = torch.export.export(model.eval(), example).module()
-    prepared = torchao_pt2e.prepare_pt2e(gm, quantizer or CircleQuantizer())
+    prepared = torchao_pt2e.prepare_pt2e(gm, quantizer or CircleQuantizer(quantize_elementwise=True))
     with torch.no_grad():
         for batch in calibration:
             prepared(*batch)

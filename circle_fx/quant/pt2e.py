@@ -7,16 +7,29 @@
     converted = convert_pt2e(prepared)
     cm = circle_fx.export(converted, inputs, quant_target="onert")
 
-What it annotates (uint8, asymmetric, per tensor, min/max observers — onert 0.1.0's only
-correct fully quantized type; its FULLY_CONNECTED is uint8 x uint8 only):
+What it annotates (uint8, asymmetric, per tensor — onert 0.1.0's only correct fully
+quantized type; its FULLY_CONNECTED is uint8 x uint8 only):
 
 - ``linear``: input, weight and output (the bias stays float; the exporter makes it int32);
 - ``embedding``: the table, with the output sharing its parameters (an integer GATHER);
-- ``add`` / ``mul`` of two tensors: both inputs and the output;
-- every **RMSNorm as one unit**: its input, its weight and its output, never its interior
-  (``pow``, ``mean``, ``rsqrt`` and the muls inside stay float), so that after
+- only with ``quantize_elementwise=True``: ``add`` / ``mul`` of two tensors (both inputs and
+  the output) and every **RMSNorm as one unit**: its input, its weight and its output, never
+  its interior (``pow``, ``mean``, ``rsqrt`` and the muls inside stay float), so that after
   ``convert_pt2e`` the norm is ``DQ -> float RMSNorm -> Q`` and circle_fx fuses it to one
   ``circle.rms_norm`` whose input, weight and output carry quantization parameters.
+
+Why elementwise ops are float by default: a trained LLM's residual stream (every ``add``
+between blocks, and the RMSNorm input) spans about 25,000 in a few outlier channels
+(SmolLM2-135M), so one uint8 step would be ~100 and the model collapses (perplexity
+18 -> 150,000). The field keeps the residual stream, RMSNorm and softmax in higher
+precision and quantizes the linear layers; on the onert target the unannotated ops are
+float islands between DEQUANTIZE and QUANTIZE.
+
+Activation observers (``activation_observer``), all per tensor: ``"minmax"`` (the range
+seen), ``"percentile"`` (:class:`PercentileObserver`, clips the rare outliers of each
+batch), ``"mse"`` (torchao's ``HistogramObserver``: the range that minimises the L2
+quantization error of the calibration histogram). ``benchmarks/pt2e_accuracy.py``
+measures them on SmolLM2-135M; the default is the best one there.
 
 Which subgraphs are RMSNorms is decided by circle_fx's own RMSNorm fusion, run on a copy of
 the graph (:func:`rms_norm_units`): the quantizer treats as a unit exactly what the float
@@ -31,10 +44,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-from torchao.quantization.pt2e.observer import MinMaxObserver
+from torchao.quantization.pt2e.observer import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
 from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, QuantizationSpec, Quantizer,
                                                  SharedQuantizationSpec)
 
+from ..errors import InputError
 from ..fx_utils import CAST_OPS, IDENTITY_OPS, SIDE_EFFECT_ONLY, is_noop
 from ..ops import rms_norm
 from ..program import Program
@@ -49,6 +63,32 @@ def uint8_spec(observer=MinMaxObserver) -> QuantizationSpec:
                             observer_or_fake_quant_ctr=observer.with_args(eps=2 ** -12))
 
 
+class PercentileObserver(MinMaxObserver):
+    """Min/max of the ``percentile`` and ``100 - percentile`` quantiles of each calibration
+    batch (the widest over batches): a handful of outlier values no longer set the scale
+    for all the others. Quantiles by ``kthvalue`` (``torch.quantile`` refuses > 16M values)."""
+
+    def __init__(self, percentile: float = 99.99, **kwargs):
+        super().__init__(**kwargs)
+        self.percentile = percentile
+
+    def forward(self, x_orig):
+        if x_orig.numel() == 0:
+            return x_orig
+        x = x_orig.detach().reshape(-1).to(self.min_val.dtype)
+        n = x.numel()
+        k = max(1, min(n, int(round(n * (1 - self.percentile / 100)))))
+        lo = torch.kthvalue(x, k).values if k > 1 else x.min()
+        hi = torch.kthvalue(x, n - k + 1).values if k > 1 else x.max()
+        self.min_val.copy_(torch.min(lo, self.min_val))
+        self.max_val.copy_(torch.max(hi, self.max_val))
+        return x_orig
+
+
+#: ``activation_observer`` names -> observer classes (see the module docstring)
+OBSERVERS = {"minmax": MinMaxObserver, "percentile": PercentileObserver, "mse": HistogramObserver}
+
+
 @dataclass(frozen=True)
 class RmsUnit:
     """One RMSNorm in the quantizer's graph: ``input`` and ``weight`` (None when
@@ -61,23 +101,42 @@ class RmsUnit:
     interior: tuple[fx.Node, ...]
 
 
-class CircleQuantizer(Quantizer):
-    """Annotate linear, add, mul and RMSNorm units for static uint8 quantization.
+def uint8_per_channel_spec() -> QuantizationSpec:
+    """uint8 weights, asymmetric, one scale and zero point per output row (axis 0)."""
+    return QuantizationSpec(dtype=torch.uint8, quant_min=0, quant_max=255, qscheme=torch.per_channel_affine,
+                            ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2 ** -12))
 
-    ``activation`` / ``weight``: the :class:`QuantizationSpec` to use (default
-    :func:`uint8_spec`; the onert target needs uint8 per tensor for integer kernels,
-    anything else becomes float islands there).
+
+class CircleQuantizer(Quantizer):
+    """Annotate linears and embeddings (and, optionally, add, mul and RMSNorm units) for
+    static uint8 quantization.
+
+    - ``activation_observer``: ``"minmax"``, ``"percentile"`` or ``"mse"`` (module docstring).
+    - ``quantize_elementwise``: also quantize ``add``/``mul`` of two tensors and RMSNorm units
+      (residual stream included). Off by default: it ruins trained LLMs (module docstring).
+    - ``per_channel_weights``: one scale per output row of each linear weight. onert 0.1.0's
+      integer FULLY_CONNECTED is per tensor only, so there such a linear becomes a float
+      island (dequantized weight, float FC); for NPU compilers that run per-channel FC.
+    - ``activation`` / ``weight``: explicit :class:`QuantizationSpec` overrides (the onert
+      target needs uint8 per tensor for integer kernels; anything else is a float island).
     """
 
-    def __init__(self, activation: QuantizationSpec | None = None, weight: QuantizationSpec | None = None):
+    def __init__(self, activation: QuantizationSpec | None = None, weight: QuantizationSpec | None = None, *,
+                 activation_observer: str = "minmax", quantize_elementwise: bool = False,
+                 per_channel_weights: bool = False):
         super().__init__()
-        self.activation = activation or uint8_spec()
-        self.weight = weight or uint8_spec()
+        if activation_observer not in OBSERVERS:
+            raise InputError(f"CircleQuantizer(activation_observer={activation_observer!r}): expected one of "
+                             f"{', '.join(map(repr, OBSERVERS))}")
+        self.activation = activation or uint8_spec(OBSERVERS[activation_observer])
+        self.weight = weight or (uint8_per_channel_spec() if per_channel_weights else uint8_spec())
+        self.quantize_elementwise = quantize_elementwise
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
         constant = _constant_nodes(model.graph)
-        for unit in rms_norm_units(model):
-            self._annotate_unit(unit)
+        if self.quantize_elementwise:
+            for unit in rms_norm_units(model):
+                self._annotate_unit(unit)
         for n in model.graph.nodes:
             if n.op != "call_function" or _ANNOTATION in n.meta or n in constant or not _is_float(n):
                 continue
@@ -89,8 +148,8 @@ class CircleQuantizer(Quantizer):
             elif n.target is aten.embedding.default:
                 w = n.args[0]
                 if _is_float(w):  # the rows come out with the table's parameters: GATHER stays integer
-                    self._annotate(n, {w: self.weight}, SharedQuantizationSpec((w, n)))
-            elif n.target in (aten.add.Tensor, aten.mul.Tensor) and len(n.args) >= 2:
+                    self._annotate(n, {w: self._table_spec()}, SharedQuantizationSpec((w, n)))
+            elif n.target in (aten.add.Tensor, aten.mul.Tensor) and len(n.args) >= 2 and self.quantize_elementwise:
                 a, b = n.args[0], n.args[1]
                 alpha = n.kwargs.get("alpha", 1)
                 if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or alpha != 1:
@@ -99,6 +158,10 @@ class CircleQuantizer(Quantizer):
                     continue
                 self._annotate(n, {a: self.activation, b: self.activation}, self.activation)
         return model
+
+    def _table_spec(self) -> QuantizationSpec:
+        """An embedding table is per tensor (its rows come out sharing its one scale)."""
+        return self.weight if self.weight.qscheme == torch.per_tensor_affine else uint8_spec()
 
     def validate(self, model: fx.GraphModule) -> None:
         pass

@@ -114,7 +114,8 @@ def test_int8_activations_become_uint8_for_onert():
 
     torch.manual_seed(0)
     model, x = LinearNormModel(), torch.randn(2, 4, 16)
-    c = quantize_pt2e(model, (x,), _calibration(x.shape), CircleQuantizer(activation=int8, weight=uint8_spec()))
+    c = quantize_pt2e(model, (x,), _calibration(x.shape), CircleQuantizer(activation=int8, weight=uint8_spec(),
+                                                                        quantize_elementwise=True))
     assert any(n.args[-1] == torch.int8 for n in c.graph.nodes if "quantize_per_tensor" in str(n.target))
     cm = circle_fx.export(c, (x,))
     cf = read(cm)
