@@ -65,10 +65,11 @@ class Chooser:
 
     def process(self, logits, ids: list[int]):
         """The processed scores [1, V] (float32 torch) transformers would sample from."""
+        import numpy as np
         import torch
 
         s = self.s
-        scores = torch.as_tensor(logits, dtype=torch.float32).reshape(1, -1).clone()
+        scores = torch.from_numpy(np.array(logits, dtype=np.float32).reshape(1, -1))  # a writable copy
         V = scores.shape[-1]
         if s.repetition_penalty is not None and s.repetition_penalty != 1.0:
             seen = torch.tensor([ids], dtype=torch.long).clamp(max=V)
