@@ -114,6 +114,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     report.quantization = program.notes.get("quantization")
     t2 = time.perf_counter()
     builder = emit(program, progress=progress)
+    builder.share_buffers()  # each distinct constant stored once (tied weights, per-layer masks)
     serialized = serialize(builder, external=external_weights)
     t3 = time.perf_counter()
     report.timings = {"export": capture_seconds, "passes": t2 - t1, "emit": t3 - t2}

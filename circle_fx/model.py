@@ -168,6 +168,9 @@ class CircleModel:
                      f"buffers: {sum(1 for x in b.buffers if x is not None)}   "
                      f"weight bytes: {b.weight_bytes():,}   file bytes: {self.size:,}"
                      + ("  (external weights)" if self.serialized.external else ""))
+        if b.shared[0]:
+            lines.append(f"shared buffers: {b.shared[0]} repeated constant(s) stored once, "
+                         f"{b.shared[1]:,} bytes saved")
         lines.extend(f"note: {note}" for note in self.report.notes)
         lines.append("weight bytes by dtype: " + ", ".join(
             f"{dt} {n:,} ({100 * n / max(1, b.weight_bytes()):.1f}%)" for dt, n in self.weight_bytes_by_dtype().items()))

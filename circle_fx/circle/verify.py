@@ -16,6 +16,10 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
   FULLY_CONNECTED, BATCH_MATMUL, RESHAPE, TRANSPOSE, CONCATENATION, GATHER, RMS_NORM, SOFTMAX,
   reductions, STRIDED_SLICE, PAD, ARG_MAX, CONV_2D, DEPTHWISE_CONV_2D, the 2-D pools, SPLIT). Dynamic dims (``-1`` in ``shape_signature``) match anything;
 - signatures: names present and unique, pointing at exactly the graph inputs/outputs;
+- repeats (a warning, not an error): buffers whose bytes repeat another buffer's
+  (``circle.dedup``); circle_fx stores each distinct constant once, so a file with repeats
+  wastes space. Not checked on an in-memory ``CircleModel``, whose builder already shared them
+  (and whose large weights are not in its flatbuffer yet);
 - quantization: a quantized tensor is integer-typed, has one scale per tensor or one per
   slice along ``quantizedDimension`` (in range), one zero point per scale (within the type's
   range), and positive finite scales.
@@ -34,6 +38,7 @@ from circle_schema import circle
 from ..errors import VerifyError
 from . import limits
 from .dims import DYNAMIC, broadcast, fmt as _fmt, numel as _numel, same as _same, same_shape as _same_shape
+from .dedup import duplicate_bytes, duplicates
 from .reader import CircleFile, OperatorView, read_circle
 from .schema import BO, TT, options_class_name, options_union
 
@@ -55,11 +60,16 @@ class VerifyReport:
     dynamic: bool
     op_counts: Counter = field(default_factory=Counter)
     shape_checked: int = 0  # operators whose shapes were checked against a rule
+    #: buffers whose bytes repeat an earlier buffer's, and the bytes they waste
+    duplicate_buffers: int = 0
+    duplicate_bytes: int = 0
 
     def __str__(self) -> str:
         return (f"Circle file OK: {self.operators} operators ({self.shape_checked} shape-checked), "
                 f"{self.tensors} tensors, {self.constants} constants, inputs {self.inputs}, "
-                f"outputs {self.outputs}" + (", dynamic shapes" if self.dynamic else ""))
+                f"outputs {self.outputs}" + (", dynamic shapes" if self.dynamic else "")
+                + (f"; {self.duplicate_buffers} buffer(s) repeat another's bytes ({self.duplicate_bytes:,} "
+                   "bytes could be shared)" if self.duplicate_buffers else ""))
 
 
 def verify(src) -> VerifyReport:
@@ -67,7 +77,8 @@ def verify(src) -> VerifyReport:
 
     Raises :class:`VerifyError` whose ``.problems`` lists every problem found.
     """
-    if hasattr(src, "to_bytes") and hasattr(src, "serialized"):  # a CircleModel
+    in_memory = hasattr(src, "to_bytes") and hasattr(src, "serialized")
+    if in_memory:  # a CircleModel
         ser = src.serialized
         # inline: the flatbuffer as built, without filling in large weights (their bytes are not
         # needed to check structure, and filling them would copy every weight)
@@ -81,8 +92,16 @@ def verify(src) -> VerifyReport:
         more = len(checker.problems) - len(listed)
         raise VerifyError(f"{name}: {len(checker.problems)} problem(s):\n  " + "\n  ".join(listed)
                           + (f"\n  ... and {more} more" if more > 0 else ""), checker.problems)
+    dups = {} if in_memory else duplicates([b.data for b in cf.buffers])
+    if dups:
+        import warnings
+
+        name = src if isinstance(src, str) else "Circle model"
+        warnings.warn(f"{name}: {len(dups)} constant buffer(s) repeat another buffer's bytes "
+                      f"({duplicate_bytes([b.data for b in cf.buffers], dups):,} bytes stored twice)", stacklevel=2)
     t = cf.tensors
     return VerifyReport(
+        duplicate_buffers=len(dups), duplicate_bytes=duplicate_bytes([b.data for b in cf.buffers], dups),
         operators=len(cf.operators), tensors=len(t), buffers=len(cf.buffers),
         constants=sum(1 for x in t if checker.is_const(x.index)),
         inputs=[t[i].name for i in cf.inputs], outputs=[t[i].name for i in cf.outputs],

@@ -1,8 +1,10 @@
 """Accumulates a Circle subgraph: tensors, constant buffers, operator codes, operators.
 
 Constants are kept as numpy arrays (views of the torch tensors, no copies) until the
-writer streams them out; identical storage is stored once, so tied weights (Llama's
-``lm_head`` and embedding) share one buffer.
+writer streams them out; identical storage is stored once while emitting, and
+:meth:`ModelBuilder.share_buffers` then stores every repeated constant once (one buffer,
+several tensors: a tied embedding read as a GATHER table and as a CONV_2D filter, each
+layer's copy of the causal mask and RoPE tables).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..circle.dedup import duplicate_bytes, duplicates
 from ..circle.schema import BO, NUMPY_TO_CIRCLE, QuantParams, op_name  # noqa: F401  (BO, op_name re-exported)
 
 
@@ -45,6 +48,8 @@ class ModelBuilder:
     output_names: list[str] = field(default_factory=list)
     #: ``{(input name, dim): largest size}`` a lowering is exact up to (CircleModel.run checks it)
     input_limits: dict = field(default_factory=dict)
+    #: ``(buffers merged, bytes saved)`` by :meth:`share_buffers`
+    shared: tuple = (0, 0)
     _buffer_keys: dict = field(default_factory=dict)
     _names: set = field(default_factory=set)
 
@@ -121,6 +126,27 @@ class ModelBuilder:
                 replaced += 1
         self.operators = ops
         return replaced
+
+    def share_buffers(self) -> int:
+        """Point every tensor whose constant bytes repeat another buffer's at that buffer and
+        drop the repeats (buffers renumbered, order kept); return the bytes saved. Sharing is
+        always valid: a buffer is raw bytes, each tensor keeps its own shape and type. Run
+        once the graph is final (legalization adds constants too), before writing."""
+        dups = duplicates(self.buffers)
+        if not dups:
+            return 0
+        saved = duplicate_bytes(self.buffers, dups)
+        renumber, kept = {}, []
+        for i, arr in enumerate(self.buffers):
+            if i not in dups:
+                renumber[i] = len(kept)
+                kept.append(arr)
+        for t in self.tensors:
+            t.buffer = renumber[dups.get(t.buffer, t.buffer)]
+        self._buffer_keys = {k: renumber[dups.get(v, v)] for k, v in self._buffer_keys.items()}
+        self.buffers = kept
+        self.shared = (self.shared[0] + len(dups), self.shared[1] + saved)
+        return saved
 
     def weight_bytes(self) -> int:
         return sum(b.nbytes for b in self.buffers if b is not None)
