@@ -58,7 +58,7 @@ def today_pipeline(fold: bool = False):
 
     import circle_fx
     from circle_fx.emit import linear_form
-    from circle_fx.emit.peephole import META_KEY
+    from circle_fx.emit.legalize.peephole import META_KEY
 
     def fully_connected_only(program) -> bool:
         program.gm.meta[META_KEY] = fold

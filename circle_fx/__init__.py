@@ -8,7 +8,7 @@ from . import ops  # noqa: F401  (registers torch.ops.circle.*)
 from . import ops_nhwc  # noqa: F401  (registers torch.ops.circle.*_nhwc)
 from .api import capture, export, lower
 from .errors import (CaptureError, CircleFxError, InputError, OutputError, PassError, RuntimeFailure,
-                     UnsupportedDtypeError, UnsupportedOpError, VerifyError)
+                     LegalizeError, UnsupportedDtypeError, UnsupportedOpError, VerifyError)
 from .explain import ExplainResult, explain, explain_report  # circle_fx.explain is the function; the module imports as usual
 from .model import CircleModel
 from .passes import Pass, Pipeline, default_pipeline
@@ -32,5 +32,5 @@ __version__ = "0.1.0"
 
 __all__ = ["export", "capture", "lower", "CircleModel", "Program", "Pass", "Pipeline", "default_pipeline",
            "CircleFxError", "CaptureError", "InputError", "OutputError", "PassError", "RuntimeFailure",
-           "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError", "verify", "VerifyReport",
+           "LegalizeError", "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError", "verify", "VerifyReport",
            "explain", "explain_report", "ExplainResult", "export_llm", "QuantConfig"]

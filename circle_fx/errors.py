@@ -31,6 +31,17 @@ class UnsupportedOpError(CircleFxError):
         self.ops = ops or []
 
 
+class LegalizeError(UnsupportedOpError):
+    """After a legalization step (``emit/legalize/``), an operator is still beyond what onert
+    0.1.0 runs (``circle/limits.py``): ``.step`` names the step, ``.problems`` the operators."""
+
+    def __init__(self, message: str, step: str = "", problems: list[str] | None = None,
+                 ops: list[tuple[str, str, str]] | None = None):
+        super().__init__(message, ops)
+        self.step = step
+        self.problems = problems or []
+
+
 class UnsupportedDtypeError(CircleFxError):
     """A tensor's dtype has no Circle equivalent (or no lowering for that op)."""
 

@@ -1,6 +1,8 @@
 """Operand ranks onert 0.1.0 handles, per operator (measured: docs/onert-findings.md,
-"Ranks above 4"). One place for the numbers: the lowerings and ``emit/rank_limits.py``
-stay within them, ``verify`` reports an operator beyond them.
+"Ranks above 4") and the element types their kernels run. One place for the numbers and the
+rules: the legalization stage (``emit/legalize/``) brings every operator within them and
+checks it after each step, and ``verify`` reports an operator beyond them, both through
+:func:`rank_problem` and :func:`unsupported_type`.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ REDUCE = 4
 BROADCAST_TO = 5
 #: STRIDED_SLICE input (rank 6: "ShapeValidator failed at line 969")
 STRIDED_SLICE = 5
+#: RMS_NORM input ranks (onert's kernel takes 3-D and 4-D inputs only)
+RMS_NORM = (3, 4)
 #: elementwise ops (EXP, MUL, SUB, SELECT_V2 at rank 7: the process crashes)
 ELEMENTWISE = 6
 #: SELECT_V2 with a broadcasting operand (scalar, lower rank, size-1 dim): wrong values at rank 5-6
@@ -24,7 +28,7 @@ COMPARISONS = frozenset({"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUA
 
 
 #: elementwise operators (by Circle name): binary ones broadcast their operands, unary ones keep
-#: their input's shape. ``verify`` checks them by these lists and ``emit/rank_limits.py`` folds
+#: their input's shape. ``verify`` checks them by these lists and ``emit/legalize/ranks.py`` folds
 #: the ones whose rank limit above applies (every one but the per-row / quantizing ones).
 BINARY_ELEMENTWISE = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
                       "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
@@ -46,13 +50,38 @@ def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -
     return ELEMENTWISE
 
 
+_REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX"})
+
+
+def rank_problem(name: str, input_dims: list[list], output_dims: list) -> str | None:
+    """Why onert 0.1.0 would refuse, crash on or miscompute operator ``name`` with operands of
+    these ranks (a message), or None when they are within its limits."""
+    if name == "RMS_NORM" and input_dims and len(input_dims[0]) not in RMS_NORM:
+        return f"input rank {len(input_dims[0])}; onert's RMS_NORM takes rank {' or '.join(map(str, RMS_NORM))}"
+    if name == "BATCH_MATMUL" and not all(2 <= len(d) <= BATCH_MATMUL for d in input_dims[:2]):
+        return f"operand ranks {' and '.join(str(len(d)) for d in input_dims[:2])}; onert takes 2..{BATCH_MATMUL}"
+    if name in _REDUCTIONS and input_dims and len(input_dims[0]) > REDUCE:
+        return f"input rank {len(input_dims[0])}; onert's reductions take rank <= {REDUCE}"
+    if name == "STRIDED_SLICE" and input_dims and len(input_dims[0]) > STRIDED_SLICE:
+        return f"input rank {len(input_dims[0])}; onert's STRIDED_SLICE takes rank <= {STRIDED_SLICE}"
+    if name == "BROADCAST_TO" and len(output_dims) > BROADCAST_TO:
+        return (f"rank {len(output_dims)}; onert's BROADCAST_TO is correct up to rank {BROADCAST_TO} only "
+                "(6: wrong values, 7: crash)")
+    if name in BINARY_ELEMENTWISE or name in UNARY_ELEMENTWISE:
+        limit = elementwise_max_rank(name, input_dims, output_dims)
+        if len(output_dims) > limit:
+            how = "with broadcasting operands " if limit < ELEMENTWISE else ""
+            return f"rank {len(output_dims)}; onert computes {name} {how}correctly up to rank {limit} only"
+    return None
+
+
 # ------------------------------------------------------------------ element types
 #: Element types onert 0.1.0's data-movement kernels run, per operator: ``op -> (positions of
 #: the data inputs, None = all; type names)``. Measured on [2,4] inputs, every type tried
 #: (FLOAT32, INT32, INT64, BOOL, INT8), exact where listed; the others fail at run time
 #: ("StridedSlice: unsupported data type", "Slice: ...", "Gather: unsupported input data
 #: type", ...) or, for REDUCE_MAX, at prepare (docs/onert-findings.md, "Element types").
-#: ``emit/type_limits.py`` routes other types through an exact carrier; verify reports them.
+#: ``emit/legalize/types.py`` routes other types through an exact carrier; verify reports them.
 ELEMENT_TYPES: dict[str, tuple[tuple[int, ...] | None, frozenset[str]]] = {
     "STRIDED_SLICE": ((0,), frozenset({"FLOAT32", "INT32", "INT64"})),
     "SPLIT": ((1,), frozenset({"FLOAT32", "INT32", "INT64"})),

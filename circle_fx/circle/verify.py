@@ -329,7 +329,7 @@ class _Checker:
             return
         self.shape_checked += 1
         try:
-            msg = _element_types(self, op) or rule(self, op)
+            msg = _element_types(self, op) or _rank_limit(self, op) or rule(self, op)
         except _Skip:
             return
         except (IndexError, ValueError):  # a rule reads the operands it needs by position
@@ -386,15 +386,13 @@ def _elementwise(c: _Checker, op: OperatorView):
     want = _broadcast(ins)
     if isinstance(want, str):
         return want
-    return _expect(c.dims(op.outputs[0]), want) or _rank_limit(op, ins, c.dims(op.outputs[0]))
+    return _expect(c.dims(op.outputs[0]), want)
 
 
-def _rank_limit(op: OperatorView, ins: list[Dims], out: Dims) -> str | None:
-    limit = limits.elementwise_max_rank(op.name, ins, out)
-    if len(out) > limit:
-        how = "with broadcasting operands " if limit < limits.ELEMENTWISE else ""
-        return f"rank {len(out)}; onert computes {op.name} {how}correctly up to rank {limit} only"
-    return None
+def _rank_limit(c: _Checker, op: OperatorView) -> str | None:
+    """An operand rank beyond what onert runs correctly (``limits.rank_problem``)."""
+    return limits.rank_problem(op.name, [c.dims(i) if i >= 0 else [] for i in op.inputs],
+                               c.dims(op.outputs[0]) if op.outputs else [])
 
 
 _COMPARISONS = limits.COMPARISONS
@@ -445,13 +443,11 @@ def _dequantize(c: _Checker, op: OperatorView):
 
 def _same_as_input(c: _Checker, op: OperatorView):
     x = c.dims(op.inputs[0])
-    return _expect(c.dims(op.outputs[0]), x) or _rank_limit(op, [x], x)
+    return _expect(c.dims(op.outputs[0]), x)
 
 
 def _rms_norm(c: _Checker, op: OperatorView):
     x = c.dims(op.inputs[0])
-    if len(x) not in (3, 4):
-        return f"input rank {len(x)}; onert's RMS_NORM takes rank 3 or 4"
     if len(op.inputs) > 1 and op.inputs[1] >= 0:
         g = c.dims(op.inputs[1])
         if len(g) != 1 or not _same(g[0], x[-1]):
@@ -497,8 +493,6 @@ def _fully_connected(c: _Checker, op: OperatorView):
 
 def _batch_matmul(c: _Checker, op: OperatorView):
     a, b = c.dims(op.inputs[0]), c.dims(op.inputs[1])
-    if not (2 <= len(a) <= limits.BATCH_MATMUL and 2 <= len(b) <= limits.BATCH_MATMUL):
-        return f"operand ranks {len(a)} and {len(b)}; onert takes 2..{limits.BATCH_MATMUL}"
     opts = c.options(op, "BatchMatMulOptions")
     m, ka = (a[-1], a[-2]) if opts.AdjointLhs() else (a[-2], a[-1])
     kb, n = (b[-1], b[-2]) if opts.AdjointRhs() else (b[-2], b[-1])
@@ -571,8 +565,6 @@ def _gather(c: _Checker, op: OperatorView):
 def _reduce(c: _Checker, op: OperatorView):
     x = c.dims(op.inputs[0])
     rank = len(x)
-    if rank > limits.REDUCE:
-        return f"input rank {rank}; onert's reductions take rank <= {limits.REDUCE}"
     axes = c.const_ints(op.inputs[1])
     if axes is None:
         raise _Skip()
@@ -589,8 +581,6 @@ def _reduce(c: _Checker, op: OperatorView):
 
 def _strided_slice(c: _Checker, op: OperatorView):
     x = c.dims(op.inputs[0])
-    if len(x) > limits.STRIDED_SLICE:
-        return f"input rank {len(x)}; onert's STRIDED_SLICE takes rank <= {limits.STRIDED_SLICE}"
     begin, end = c.const_ints(op.inputs[1]), c.const_ints(op.inputs[2])
     strides = c.const_ints(op.inputs[3]) if len(op.inputs) > 3 else [1] * len(x)
     if begin is None or end is None or strides is None:
@@ -669,9 +659,6 @@ def _broadcast_to(c: _Checker, op: OperatorView):
     target = c.const_ints(op.inputs[1])
     if target is None:
         raise _Skip()
-    if len(target) > limits.BROADCAST_TO:
-        return (f"rank {len(target)}; onert's BROADCAST_TO is correct up to rank {limits.BROADCAST_TO} only "
-                "(6: wrong values, 7: crash)")
     want = _broadcast([c.dims(op.inputs[0]), target])
     if isinstance(want, str) or want != target:
         return f"input {_fmt(c.dims(op.inputs[0]))} cannot broadcast to {target}"

@@ -114,7 +114,7 @@ class ModelBuilder:
     def rewrite_operators(self, rewrite) -> int:
         """Replace each operator ``op`` for which ``rewrite(op)`` returns a list of operators
         by that list (None keeps ``op``), in place; return how many were replaced. The
-        post-lowering steps (``rank_limits``, ``type_limits``) are such rewrites."""
+        legalization steps (``emit/legalize/``: types, ranks) are such rewrites."""
         ops: list[OperatorInfo] = []
         replaced = 0
         for op in self.operators:

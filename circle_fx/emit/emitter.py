@@ -16,9 +16,8 @@ from ..source import op_name, source_line
 from ..transformers_compat import remedies
 from .builder import BO, ModelBuilder
 from .context import LoweringContext
-from .peephole import META_KEY as PEEPHOLE_KEY, simplify
-from .rank_limits import legalize as legalize_ranks
-from .type_limits import legalize as legalize_types
+from .legalize import legalize
+from .legalize.peephole import META_KEY as PEEPHOLE_KEY
 from .registry import lowering_for
 from .types import TORCH_TO_CIRCLE
 
@@ -114,10 +113,7 @@ def emit(program: Program, progress=None) -> ModelBuilder:
     ctx.node = None
     outs = graph.output_node().args[0]
     protected = set(mb.inputs) | {ctx.values[v] for v in outs if isinstance(ctx.values.get(v), int)}
-    legalize_types(mb)  # element types onert runs (its CASTs are elementwise: rank-folded next)
-    legalize_ranks(mb)  # correctness, not speed: always, before the peephole merges its RESHAPEs
-    if program.gm.meta.get(PEEPHOLE_KEY, True):
-        simplify(mb, protected)
+    legalize(mb, protected, optional=program.gm.meta.get(PEEPHOLE_KEY, True))
     consumed = {i for op in mb.operators for i in op.inputs}
     for value, name in zip(outs, program.output_names):
         if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):

@@ -18,7 +18,7 @@ must itself have a lowering (or depend on no input, and fold to a constant).
 the lowering refuses them (softmax over another axis than the last, a sum with an int64
 result, a crop). A node in such a form is decomposed like an op without a lowering, into
 forms that lower and run. (Element types onert's data-movement kernels lack, bool slices and
-cats included, are handled after lowering: ``emit/type_limits.py``.)
+cats included, are handled after lowering: ``emit/legalize/types.py``.)
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Data-movement ops on element types onert 0.1.0 has no kernel for (circle/limits.ELEMENT_TYPES):
-each form runs in onert and matches eager (bool through an exact carrier, emit/type_limits.py),
+each form runs in onert and matches eager (bool through an exact carrier, emit/legalize/types.py),
 or is a clear UnsupportedOpError at export (int64 values known only at run time); verify reports
 a file that puts such an op on such a type."""
 from __future__ import annotations

@@ -107,5 +107,5 @@ B5 = torch.randn(1, 3, 5, 2, 6, generator=torch.Generator().manual_seed(4))
 ], ids=["lt_ge_same_shape", "gt_broadcast", "ne_where"])
 def test_5d_comparisons(fn, inputs):
     """onert 0.1.0's 5-D LESS / GREATER / NOT_EQUAL ... return wrong booleans with no error;
-    emit/rank_limits.py merges dims to rank <= 4 after lowering (circle/limits.py: COMPARISON)."""
+    emit/legalize/ranks.py merges dims to rank <= 4 after lowering (circle/limits.py: COMPARISON)."""
     assert_onert_matches_eager(Fn(fn), inputs, **TOL)

@@ -31,12 +31,12 @@ def reshape(ctx, node):
 
 
 #: element types onert 0.1.0's TRANSPOSE kernel runs (circle/limits.ELEMENT_TYPES); bool is
-#: carried through int32 after lowering (emit/type_limits.py), int64 / int8 have no exact carrier
+#: carried through int32 after lowering (emit/legalize/types.py), int64 / int8 have no exact carrier
 _TRANSPOSE_TYPES = (torch.float32, torch.int32)
 
 
 def _transpose(ctx, node, perm):
-    """TRANSPOSE for the types onert transposes (bool via type_limits). Others: RESHAPE when only
+    """TRANSPOSE for the types onert transposes (bool via emit/legalize/types.py). Others: RESHAPE when only
     size-1 dims move (same element order; XLNet's ``input_ids.transpose(0, 1)`` on batch 1),
     else refused: onert 0.1.0 offers no exact route for int64 / int8."""
     x = node.args[0]

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..circle import dims, limits
-from ..circle.limits import elementwise_max_rank
-from ..errors import UnsupportedOpError
-from .builder import BO, ModelBuilder, OperatorInfo, op_name
+from ...circle import dims, limits
+from ...circle.limits import elementwise_max_rank
+from ...errors import UnsupportedOpError
+from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
 #: ops whose inputs broadcast against each other elementwise (unary ops: one input)
 ELEMENTWISE = {getattr(BO, n) for n in limits.BINARY_ELEMENTWISE + limits.UNARY_ELEMENTWISE

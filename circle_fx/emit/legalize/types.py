@@ -5,7 +5,7 @@ onert 0.1.0 has no bool kernel for STRIDED_SLICE, SPLIT, CONCATENATION, BROADCAS
 and no int64 kernel for TRANSPOSE, GATHER, BROADCAST_TO (``circle/limits.ELEMENT_TYPES``, measured).
 The file loads and fails at run time. Any lowering can emit such an op on any type (a bool
 mask sliced, split, expanded above rank 5, selected with a dynamic batch...), so the fix is one
-step over the emitted operators, like ``rank_limits``, instead of a special case per lowering:
+step over the emitted operators (the ``types`` step of ``emit/legalize``), instead of a special case per lowering:
 
 - SLICE (float32 only) of another type: the same STRIDED_SLICE, which runs int32 and int64.
 - PAD / PADV2 of integers: CONCATENATION with constant blocks of the pad value.
@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..circle.dims import padded
-from ..circle.limits import ELEMENT_TYPES, data_inputs, unsupported_type
-from ..circle.schema import CIRCLE_TO_NUMPY, TT, type_name
-from ..errors import UnsupportedOpError
-from .builder import BO, ModelBuilder, OperatorInfo, op_name
-from .lowerings._common import options
+from ...circle.dims import padded
+from ...circle.limits import ELEMENT_TYPES, data_inputs, unsupported_type
+from ...circle.schema import CIRCLE_TO_NUMPY, TT, make_options as options, type_name
+from ...errors import UnsupportedOpError
+from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
 #: carriers tried for a bool tensor, in order (CAST bool <-> int32 / float32 are exact in onert)
 _BOOL_CARRIERS = ("INT32", "FLOAT32")

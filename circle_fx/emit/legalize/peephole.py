@@ -19,7 +19,7 @@ then operators whose outputs nobody reads (and that are no graph output) are dro
 """
 from __future__ import annotations
 
-from .builder import BO, ModelBuilder
+from ..builder import BO, ModelBuilder
 
 META_KEY = "circle_fx.peephole"
 

@@ -1,0 +1,51 @@
+"""The legalization stage (circle_fx.emit.legalize): declared steps, a check after each."""
+import numpy as np
+import pytest
+
+from circle_fx import LegalizeError
+from circle_fx.circle.schema import BO, TT, make_options
+from circle_fx.emit.builder import ModelBuilder
+from circle_fx.emit.legalize import RANKS, STEPS, TYPES, check, legalize
+
+
+def _one_op(code, in_shapes, out_shape, ttype=TT.FLOAT32, consts=(), opts=None):
+    mb = ModelBuilder()
+    ins = [mb.add_tensor(f"in{k}", s, ttype) for k, s in enumerate(in_shapes)]
+    ins += [mb.add_constant(f"c{k}", np.asarray(c, np.int32)) for k, c in enumerate(consts)]
+    out = mb.add_tensor("out", out_shape, ttype)
+    mb.add_operator(code, ins, [out], opts, "model.py:7")
+    mb.inputs, mb.outputs = ins[:len(in_shapes)], [out]
+    return mb
+
+
+def test_steps_are_declared_in_order():
+    assert [s.name for s in STEPS] == ["types", "ranks", "peephole"]
+    assert [s.name for s in STEPS if not s.required] == ["peephole"]
+
+
+def test_ranks_step_folds_a_high_rank_elementwise_op_and_checks():
+    mb = _one_op(BO.LESS, [[2, 3, 1, 4, 5], [2, 3, 1, 4, 5]], [2, 3, 1, 4, 5])
+    mb.tensors[mb.outputs[0]].type = TT.BOOL
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    less = [op for op in mb.operators if op.code == BO.LESS]
+    assert len(less) == 1 and len(mb.dims(less[0].outputs[0])) <= 4
+
+
+def test_an_operator_no_step_fixes_is_a_legalize_error_naming_the_step():
+    # a 5-D reduction: the lowerings fold reductions, no post-lowering step does
+    mb = _one_op(BO.SUM, [[2, 2, 2, 2, 3]], [2, 2, 2, 2], consts=([4],),
+                 opts=make_options("ReducerOptions", keepDims=False))
+    with pytest.raises(LegalizeError) as info:
+        legalize(mb, set(mb.inputs) | set(mb.outputs))
+    assert info.value.step == "ranks" and "SUM at model.py:7" in str(info.value)
+    assert "reductions take rank <= 4" in str(info.value)
+
+
+def test_check_reports_only_what_the_steps_so_far_ensure():
+    mb = _one_op(BO.TRANSPOSE, [[2, 3]], [3, 2], TT.BOOL, consts=([1, 0],))
+    check(mb, "nothing", set())  # no step has promised anything yet
+    check(mb, "ranks only", {RANKS})
+    with pytest.raises(LegalizeError, match="(?s)after the .types. legalization step.*TRANSPOSE.*BOOL"):
+        check(mb, "types", {TYPES})
+    legalize(mb, set(mb.inputs) | set(mb.outputs))  # the types step carries bool through int32
+    assert [op.code for op in mb.operators] == [BO.CAST, BO.TRANSPOSE, BO.CAST]
