@@ -16,7 +16,8 @@ member of a family:
   candidate, then the one that got furthest, then the smallest pattern (simplest story).
 
 Each entry names the candidate and its source line, the rule, the failed condition, and
-where in the user's source the failure was found. ``explain`` never changes the model and
+where in the user's source the failure was found. Nodes left in the final graph whose
+lowering refuses their form (``@lowering(..., refuses=...)``) are listed with the reason. ``explain`` never changes the model and
 never emits a Circle file.
 """
 from __future__ import annotations
@@ -26,11 +27,12 @@ from typing import Iterator
 
 import torch.fx as fx
 
+from .emit.registry import refusal
 from .fusions import families
 from .passes import default_pipeline, finalize_pipeline, fuse_family, run_passes
 from .patterns.matcher import MatchFailure
 from .patterns.rewrite import try_rewrite
-from .source import describe, source_line
+from .source import describe, op_name, source_line
 
 
 @dataclass
@@ -70,11 +72,23 @@ class Fused:
 
 
 @dataclass
+class Refused:
+    """A node whose op has a lowering that refuses this form of it (export would fail)."""
+
+    op: str
+    node: str
+    source: str
+    reason: str
+
+
+@dataclass
 class ExplainResult:
-    """What ``explain`` found: the fusions applied and the near misses (``entries``)."""
+    """What ``explain`` found: the fusions applied, the near misses (``entries``) and the
+    nodes their lowering refuses (``refused``)."""
 
     fused: list[Fused] = field(default_factory=list)
     entries: list[NearMiss] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[NearMiss]:
         return iter(self.entries)
@@ -93,6 +107,9 @@ class ExplainResult:
             lines.extend("  " + b for b in body[1:])
         if not self.entries:
             lines.append("  (no near misses: every fusion candidate fused)")
+        if self.refused:
+            lines.append(f"refused by their lowering: {len(self.refused)}")
+            lines.extend(f"  {r.op} %{r.node} at {r.source}: {r.reason}" for r in self.refused)
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -139,6 +156,10 @@ def explain_program(program) -> ExplainResult:
     for node in graph.nodes:
         if node.op != "call_function":
             continue
+        reason = refusal(node)
+        if reason is not None:
+            result.refused.append(Refused(op_name(node.target), node.name,
+                                          source_line(node), reason))
         entry = None
         for family, fuse, hint in ((f, p, h) for f, p in fuses for h in f.candidates):
             if not hint.detect(node) or (hint.skip_near_reported and _near(node, reported)):

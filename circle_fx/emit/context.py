@@ -29,7 +29,57 @@ def quantization_of(node) -> QuantParams | None:
     return getattr(node, "meta", {}).get(QUANT_META)
 
 
-class LoweringContext:
+class NodeInfo:
+    """What is known about FX values before any Circle exists: dims (-1 dynamic), example
+    sizes, rank, dtype, quantization. The registry's refusal checks get one; every lowering's
+    ``ctx`` is one too."""
+
+    def __init__(self, node: fx.Node | None = None):
+        self.node = node  # node being lowered or checked (for messages)
+
+    def dims(self, value, item: int | None = None, static: bool = False) -> list[int]:
+        """``value``'s dims, -1 for each dynamic one (``item``: element of a tuple-valued node).
+
+        ``static=True`` raises a clear error instead when a dim is dynamic, for lowerings that
+        need every size at compile time."""
+        v = _fake(value, item)
+        dims = [d if isinstance(d, int) else -1 for d in v.shape]
+        if static and -1 in dims:
+            name = value.name if isinstance(value, fx.Node) else "value"
+            raise self.error(f"%{name} has a dynamic shape {list(v.shape)}, "
+                             f"which {op_name(self.node.target)} cannot lower yet")
+        return dims
+
+    def shape_hint(self, value, item: int | None = None) -> list[int]:
+        """``value``'s traced example sizes (a dynamic dim's hint; static dims as they are)."""
+        return _shape_and_signature(_fake(value, item))[0]
+
+    def rank(self, value) -> int:
+        return len(_fake(value, None).shape)
+
+    def is_dynamic(self, value) -> bool:
+        return -1 in self.dims(value)
+
+    def dtype(self, value, item: int | None = None) -> torch.dtype:
+        return dtype_of(value) if item is None else _fake(value, item).dtype
+
+    def quantization(self, value) -> QuantParams | None:
+        return quantization_of(value)
+
+    def error(self, message: str) -> UnsupportedOpError:
+        n = self.node
+        if n is None:
+            return UnsupportedOpError(message)
+        target = op_name(n.target) if n.op == "call_function" else n.op
+        return UnsupportedOpError(f"{target} (%{n.name}) at {source_line(n)}: {message}",
+                                  [(target, n.name, source_line(n))])
+
+    def where(self, node=None) -> str:
+        n = node or self.node
+        return f"%{n.name} at {source_line(n)}" if n is not None else ""
+
+
+class LoweringContext(NodeInfo):
     """The one seam between a lowering and the rest of circle_fx.
 
     Dims follow one convention everywhere: ``ctx.dims(v)`` is a ``list[int]`` with ``-1`` for
@@ -42,10 +92,10 @@ class LoweringContext:
     """
 
     def __init__(self, program: Program, builder: ModelBuilder):
+        super().__init__(None)
         self.program = program
         self.builder = builder
         self.values: dict[fx.Node, int] = {}
-        self.node: fx.Node | None = None  # node being lowered (for messages)
 
     # --------------------------------------------------------------- tensors
     def tensor(self, value, dtype: torch.dtype | None = None) -> int:
@@ -177,35 +227,6 @@ class LoweringContext:
         return self.values[node][i]
 
     # ----------------------------------------------------------- tensor info
-    def dims(self, value, item: int | None = None, static: bool = False) -> list[int]:
-        """``value``'s dims, -1 for each dynamic one (``item``: element of a tuple-valued node).
-
-        ``static=True`` raises a clear error instead when a dim is dynamic, for lowerings that
-        need every size at compile time."""
-        v = _fake(value, item)
-        dims = [d if isinstance(d, int) else -1 for d in v.shape]
-        if static and -1 in dims:
-            name = value.name if isinstance(value, fx.Node) else "value"
-            raise self.error(f"%{name} has a dynamic shape {list(v.shape)}, "
-                             f"which {op_name(self.node.target)} cannot lower yet")
-        return dims
-
-    def shape_hint(self, value, item: int | None = None) -> list[int]:
-        """``value``'s traced example sizes (a dynamic dim's hint; static dims as they are)."""
-        return _shape_and_signature(_fake(value, item))[0]
-
-    def rank(self, value) -> int:
-        return len(_fake(value, None).shape)
-
-    def is_dynamic(self, value) -> bool:
-        return -1 in self.dims(value)
-
-    def dtype(self, value, item: int | None = None) -> torch.dtype:
-        return dtype_of(value) if item is None else _fake(value, item).dtype
-
-    def quantization(self, value) -> QuantParams | None:
-        return quantization_of(value)
-
     def annotation(self, node: fx.Node, key: str, default=None):
         """A choice a pass (or a user) left for the lowering in ``node.meta[key]``, e.g. the
         forced op form of a linear (``circle_fx.linear_form``)."""
@@ -262,18 +283,6 @@ class LoweringContext:
     def op(self, code: int, inputs, outputs, options=None) -> None:
         self.builder.add_operator(code, inputs, outputs, options,
                                   source_line(self.node) if self.node is not None else "")
-
-    def error(self, message: str) -> UnsupportedOpError:
-        n = self.node
-        if n is None:
-            return UnsupportedOpError(message)
-        target = op_name(n.target) if n.op == "call_function" else n.op
-        return UnsupportedOpError(f"{target} (%{n.name}) at {source_line(n)}: {message}",
-                                  [(target, n.name, source_line(n))])
-
-    def where(self, node=None) -> str:
-        n = node or self.node
-        return f"%{n.name} at {source_line(n)}" if n is not None else ""
 
     def _prefix(self) -> str:
         return f"{self.node.name}/" if self.node is not None else ""

@@ -18,17 +18,22 @@ from .builder import BO, ModelBuilder
 from .context import LoweringContext
 from .legalize import legalize
 from .legalize.peephole import META_KEY as PEEPHOLE_KEY
-from .registry import lowering_for
+from .registry import lowering_for, refusal
 from .types import TORCH_TO_CIRCLE
 
 
 def check_supported(program: Program) -> None:
-    """Raise one error listing every op without a lowering (and every bad dtype)."""
+    """Raise one error listing every op without a lowering, every node its lowering refuses
+    (``@lowering(..., refuses=...)``, with the reason), and every bad dtype."""
     missing: list[tuple[str, str, str]] = []
+    why: dict[str, str] = {}  # node name -> why its lowering refuses it
     bad_dtypes: list[str] = []
     for n in program.gm.graph.nodes:
         if n.op == "call_function" and lowering_for(n.target) is None:
             missing.append((op_name(n.target), n.name, source_line(n)))
+        elif n.op == "call_function" and (reason := refusal(n)) is not None:
+            missing.append((op_name(n.target), n.name, source_line(n)))
+            why[n.name] = reason
         if n.op in ("placeholder", "call_function", "get_attr"):
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor) and v.dtype not in TORCH_TO_CIRCLE:
@@ -42,7 +47,7 @@ def check_supported(program: Program) -> None:
         lines = [f"{len(by_op)} unsupported op(s), {len(missing)} node(s); nothing was written:"]
         for op, uses in by_op.items():
             lines.append(f"  {op}:")
-            lines.extend(f"    %{name} at {src}" for name, src in uses)
+            lines.extend(f"    %{name} at {src}" + (f": {why[name]}" if name in why else "") for name, src in uses)
         lines.extend(remedies(list(by_op)))
         if _has_dynamic_inputs(program):
             lines.append("  note: the model was exported with dynamic_shapes. Ops that compute from a dynamic "

@@ -10,6 +10,14 @@ when ``circle_fx`` is imported, i.e. before any user code can call :func:`loweri
 a user lowering for a new op only adds to the table. Registering a target that already has
 a lowering replaces it and warns (``override=True`` says it is meant), so a typo'd or
 duplicated registration cannot silently change what an existing op becomes.
+
+A lowering that takes only some forms of its op says so where it is registered, once:
+``@lowering(target, refuses=why)`` with ``why(info, node)`` returning the reason a node is
+refused (None: lowered). ``info`` answers ``dims`` / ``rank`` / ``dtype`` / ``shape_hint``
+like a :class:`~circle_fx.emit.context.LoweringContext`, before any Circle is emitted. Passes
+ask :func:`refusal` (``decompose_unlowered`` rewrites a refused node into forms that lower),
+the emitter reports the nodes still refused together with the ops that have no lowering, and
+``explain`` lists them.
 """
 from __future__ import annotations
 
@@ -19,14 +27,17 @@ from typing import Callable
 from ..source import op_name
 
 LOWERINGS: dict[object, Callable] = {}
+#: target -> ``why(info, node) -> str | None``: the forms its lowering refuses
+REFUSALS: dict[object, Callable] = {}
 
 
 def _describe(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def lowering(*targets, override: bool = False):
-    """Register the decorated function as the lowering of each of ``targets``."""
+def lowering(*targets, override: bool = False, refuses: Callable | None = None):
+    """Register the decorated function as the lowering of each of ``targets`` (``refuses``:
+    the reason it refuses a node, see the module docstring)."""
     def register(fn: Callable) -> Callable:
         for t in targets:
             old = LOWERINGS.get(t)
@@ -35,6 +46,10 @@ def lowering(*targets, override: bool = False):
                               f"{_describe(old)} (pass override=True to lowering() if this is intended)",
                               stacklevel=2)
             LOWERINGS[t] = fn
+            if refuses is not None:
+                REFUSALS[t] = refuses
+            elif old is not fn:  # a new lowering takes what it does not refuse
+                REFUSALS.pop(t, None)
         return fn
 
     return register
@@ -42,6 +57,17 @@ def lowering(*targets, override: bool = False):
 
 def lowering_for(target) -> Callable | None:
     return LOWERINGS.get(target)
+
+
+def refusal(node) -> str | None:
+    """Why the lowering of ``node``'s op refuses this node (None: it lowers it, or the op has
+    no lowering at all)."""
+    why = REFUSALS.get(getattr(node, "target", None)) if getattr(node, "op", None) == "call_function" else None
+    if why is None:
+        return None
+    from .context import NodeInfo
+
+    return why(NodeInfo(node), node)
 
 
 #: packages whose modules hold built-in lowerings (imported eagerly with circle_fx)

@@ -1,8 +1,9 @@
 """The general fallback for ops the emitter cannot lower: decompose them into ops it can.
 
 For every ``call_function`` whose target has no lowering (``emit.registry.lowering_for``),
-or whose lowering refuses this form of it (``decompositions.REFUSED_FORMS``: softmax over
-another axis than the last...; the form's own decomposition is used), look up a
+or whose lowering refuses this form of it (``emit.registry.refusal``: softmax over another
+axis than the last...; the form's own decomposition, ``decompositions.REFUSED_FORMS``, is
+used when it is exact for the node), look up a
 decomposition, in this order:
 
 1. circle_fx's own (:mod:`circle_fx.passes.decompositions`): ops torch does not decompose
@@ -30,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-from ..emit.registry import lowering_for
+from ..emit.registry import lowering_for, refusal
 from ..fx_utils import input_dependent, make_node, val
 from ..program import add_constant
 from .decompositions import REFUSED_FORMS
@@ -64,7 +65,8 @@ class _Restricted(dict):
         """The decomposition for one op (for ``node``, whose form its lowering may refuse):
         from the tables, else its CompositeImplicit body."""
         if node is not None and _refused(node):
-            return REFUSED_FORMS[op][1]
+            form = REFUSED_FORMS.get(op)
+            return form[1] if form is not None and form[0](node) else None
         if not isinstance(op, torch._ops.OpOverload) or lowering_for(op) is not None:
             return None
         fn = self.get(op)
@@ -75,8 +77,7 @@ class _Restricted(dict):
 
 def _refused(n: fx.Node) -> bool:
     """``n``'s op has a lowering that refuses this form of it."""
-    form = REFUSED_FORMS.get(n.target)
-    return form is not None and form[0](n)
+    return refusal(n) is not None
 
 
 def _unlowered(n: fx.Node) -> bool:

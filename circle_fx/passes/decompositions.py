@@ -14,10 +14,10 @@ must itself have a lowering (or depend on no input, and fold to a constant).
   become ``full`` (a constant after folding); ``empty`` variants are zeros.
 - ``copy(x, src)``: the value is ``src`` cast and broadcast to ``x``'s shape.
 
-:data:`REFUSED_FORMS` covers ops that *have* a lowering but not for some of their forms:
-the lowering refuses them (softmax over another axis than the last, a sum with an int64
-result, a crop). A node in such a form is decomposed like an op without a lowering, into
-forms that lower and run. (Element types onert's data-movement kernels lack, bool slices and
+:data:`REFUSED_FORMS` covers ops that *have* a lowering but not for some of their forms
+(the lowering states which, once: ``@lowering(..., refuses=...)``: softmax over another axis
+than the last, a sum with an int64 result, a crop). A refused node is decomposed like an op
+without a lowering, into forms that lower and run, when its decomposition is exact for it. (Element types onert's data-movement kernels lack, bool slices and
 cats included, are handled after lowering: ``emit/legalize/types.py``.)
 """
 from __future__ import annotations
@@ -216,7 +216,7 @@ def _sum_in_int32(x, dim=None, keepdim=False, *, dtype=None):
 
 
 def _narrow_sum(node) -> bool:
-    """An int64-result sum that :func:`_sum_in_int32` computes exactly: every term is at most
+    """An int64-result sum (which the lowering refuses) that :func:`_sum_in_int32` computes exactly: every term is at most
     ``_SMALL_INTS[dtype]`` in magnitude and there are few enough of them."""
     x, out = node.args[0].meta.get("val"), node.meta.get("val")
     if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or out.dtype != torch.int64:
@@ -225,14 +225,6 @@ def _narrow_sum(node) -> bool:
         return False
     terms = max(x.numel(), 1) // max(out.numel(), 1)
     return terms * _SMALL_INTS[x.dtype] < 2**31
-
-
-def _softmax_elsewhere(node) -> bool:
-    """A softmax the lowering refuses: not over the last axis, or with a dtype change."""
-    x, out = node.args[0].meta.get("val"), node.meta.get("val")
-    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
-        return False
-    return node.args[1] % max(x.dim(), 1) != x.dim() - 1 or out.dtype != x.dtype
 
 
 def _flags(a) -> bool:
@@ -257,12 +249,10 @@ def _flags(a) -> bool:
     return False
 
 
-def _bitwise_on_flags(node) -> bool:
+def _on_flags(node) -> bool:
     """An integer ``&`` / ``|`` whose operands are all 0/1 flags (CPM-Ant builds its mask as
-    ``int32_context | bool_mask``): the lowering takes bool tensors only."""
-    out = node.meta.get("val")
-    return (isinstance(out, torch.Tensor) and out.dtype != torch.bool and not out.is_floating_point()
-            and all(_flags(a) for a in node.args[:2]))
+    ``int32_context | bool_mask``): computed on bools, it is exact."""
+    return all(_flags(a) for a in node.args[:2])
 
 
 def _as_logical(fn):
@@ -275,12 +265,6 @@ def _as_logical(fn):
             a, b = b, a
         return fn(a, torch.full((), b) if not isinstance(b, torch.Tensor) else b).to(dt)
     return decomposed
-
-
-def _crops(node) -> bool:
-    """``constant_pad_nd`` with a negative amount (a crop; RWKV's time shift
-    ``ZeroPad2d((0, 0, 1, -1))``): PAD takes no negative amounts."""
-    return any(p < 0 for p in node.args[1])
 
 
 def _crop_then_pad(x, pad, value=0.0):
@@ -298,19 +282,25 @@ def _crop_then_pad(x, pad, value=0.0):
 _softmax = _softmax_on_last_axis(torch.softmax)
 _log_softmax = _softmax_on_last_axis(torch.log_softmax)
 
-#: op -> (does its lowering refuse this node?, decomposition into forms it takes)
+def _always(node) -> bool:
+    return True
+
+
+#: op -> (is the decomposition exact for this node?, decomposition into forms the lowering
+#: takes), for nodes whose lowering refuses them (``@lowering(..., refuses=...)`` states why,
+#: ``emit.registry.refusal`` asks)
 REFUSED_FORMS = {
     aten.sum.dim_IntList: (_narrow_sum, _sum_in_int32),
     aten.sum.default: (_narrow_sum, lambda x, *, dtype=None: _sum_in_int32(x)),
-    aten.softmax.int: (_softmax_elsewhere, _softmax),
-    aten._softmax.default: (_softmax_elsewhere, _softmax),
-    aten.log_softmax.int: (_softmax_elsewhere, _log_softmax),
-    aten._log_softmax.default: (_softmax_elsewhere, _log_softmax),
-    aten.__and__.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_and)),
-    aten.bitwise_and.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_and)),
-    aten.__or__.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
-    aten.bitwise_or.Tensor: (_bitwise_on_flags, _as_logical(torch.logical_or)),
-    aten.constant_pad_nd.default: (_crops, _crop_then_pad),
+    aten.softmax.int: (_always, _softmax),
+    aten._softmax.default: (_always, _softmax),
+    aten.log_softmax.int: (_always, _log_softmax),
+    aten._log_softmax.default: (_always, _log_softmax),
+    aten.__and__.Tensor: (_on_flags, _as_logical(torch.logical_and)),
+    aten.bitwise_and.Tensor: (_on_flags, _as_logical(torch.logical_and)),
+    aten.__or__.Tensor: (_on_flags, _as_logical(torch.logical_or)),
+    aten.bitwise_or.Tensor: (_on_flags, _as_logical(torch.logical_or)),
+    aten.constant_pad_nd.default: (_always, _crop_then_pad),
 }
 
 

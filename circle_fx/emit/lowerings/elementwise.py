@@ -147,19 +147,22 @@ _LOGICAL = {
 }
 
 
-@lowering(*_LOGICAL)
+def _refused_bitwise(info, node) -> str | None:
+    """onert's LOGICAL_* ops take bool tensors only."""
+    if info.dtype(node) != torch.bool:
+        return f"bitwise ops are only supported on bool tensors, got {info.dtype(node)}"
+    return None
+
+
+@lowering(*_LOGICAL, refuses=_refused_bitwise)
 def logical(ctx, node):
-    if ctx.dtype(node) != torch.bool:
-        raise ctx.error(f"bitwise ops are only supported on bool tensors, got {ctx.dtype(node)}")
     a, b = node.args[0], node.args[1]
     ctx.op(_LOGICAL[node.target], [operand(ctx, a, torch.bool), operand(ctx, b, torch.bool)], [ctx.output(node)])
 
 
-@lowering(aten.bitwise_not.default)
+@lowering(aten.bitwise_not.default, refuses=_refused_bitwise)
 def bitwise_not(ctx, node):
     """``~mask`` on a bool tensor (DeepSeek-V3's group-limited router) is LOGICAL_NOT."""
-    if ctx.dtype(node) != torch.bool:
-        raise ctx.error(f"bitwise_not is only supported on bool tensors, got {ctx.dtype(node)}")
     ctx.op(BO.LOGICAL_NOT, [ctx.tensor(node.args[0])], [ctx.output(node)])
 
 

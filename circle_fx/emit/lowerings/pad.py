@@ -16,12 +16,16 @@ from ._common import BO
 aten = torch.ops.aten
 
 
-@lowering(aten.constant_pad_nd.default)
+def _refused_crop(info, node) -> str | None:
+    """PAD takes no negative amounts (a crop)."""
+    pads = arguments(node)[1]
+    return f"negative padding {list(pads)} (cropping) is not supported" if any(p < 0 for p in pads) else None
+
+
+@lowering(aten.constant_pad_nd.default, refuses=_refused_crop)
 def constant_pad(ctx, node):
     x, pads, value = arguments(node)[:3]
     rank = ctx.rank(x)
-    if any(p < 0 for p in pads):
-        raise ctx.error(f"negative padding {list(pads)} (cropping) is not supported")
     table = np.zeros((rank, 2), dtype=np.int32)
     for i in range(len(pads) // 2):
         table[rank - 1 - i] = (pads[2 * i], pads[2 * i + 1])

@@ -15,23 +15,31 @@ MAX_RANK = limits.REDUCE  # onert 0.1.0's MEAN / SUM / REDUCE_MAX take inputs of
 _REDUCE = {aten.mean.dim: BO.MEAN, aten.sum.dim_IntList: BO.SUM, aten.amax.default: BO.REDUCE_MAX}
 
 
-@lowering(*_REDUCE)
+def _refused_reduction(info, node) -> str | None:
+    """A sum with an int64 result (onert has no int64 SUM kernel) or a ``dtype=`` conversion."""
+    if node.target in (aten.sum.dim_IntList, aten.sum.default) and info.dtype(node) == torch.int64:
+        return ("a sum with an int64 result (torch sums bool and integer tensors as int64) is not "
+                "supported: onert 0.1.0 has no int64 SUM kernel (it fails to load, or returns garbage "
+                "when the input is int32); sum an int32 tensor as int32 (x.to(torch.int32).sum(-1, "
+                "dtype=torch.int32)) or sum as float")
+    if node.target in (aten.mean.dim, aten.sum.dim_IntList):
+        dtype = arguments(node)[3]
+        if dtype is not None and dtype != info.dtype(node.args[0]):
+            return f"reduction with dtype={dtype} is not supported"
+    return None
+
+
+@lowering(*_REDUCE, refuses=_refused_reduction)
 def reduce(ctx, node):
     args = arguments(node)
     x, dims, keepdim = args[0], args[1], args[2]
     rank = ctx.rank(x)
     if dims is None or len(dims) == 0:
         dims = list(range(rank))
-    if node.target in (aten.mean.dim, aten.sum.dim_IntList) and args[3] is not None and args[3] != ctx.dtype(x):
-        raise ctx.error(f"reduction with dtype={args[3]} is not supported")
     _emit_reduce(ctx, node, _REDUCE[node.target], x, sorted(d % rank for d in dims), bool(keepdim))
 
 
 def _emit_reduce(ctx, node, code, x, axes, keepdim):
-    if code == BO.SUM and ctx.dtype(node) == torch.int64:
-        raise ctx.error("a sum with an int64 result (torch sums bool and integer tensors as int64) is not "
-                        "supported: onert 0.1.0 has no int64 SUM kernel (it fails to load, or returns garbage "
-                        "when the input is int32); sum an int32 tensor as int32 (x.to(torch.int32).sum(-1, dtype=torch.int32)) or sum as float")
     reduce_into(ctx, code, ctx.tensor(x), x, axes, keepdim, ctx.output(node))
 
 
@@ -89,7 +97,7 @@ def _reduce_folded(ctx, code, src, axes, out):
         ctx.op(BO.RESHAPE, [tmp, ctx.shape_operand(ctx.tensor_dims(out))], [out])
 
 
-@lowering(aten.mean.default, aten.sum.default)
+@lowering(aten.mean.default, aten.sum.default, refuses=_refused_reduction)
 def reduce_all(ctx, node):
     x = node.args[0]
     rank = ctx.rank(x)
@@ -97,14 +105,21 @@ def reduce_all(ctx, node):
     _emit_reduce(ctx, node, code, x, list(range(rank)), False)
 
 
-@lowering(aten._softmax.default, aten.softmax.int, aten._log_softmax.default, aten.log_softmax.int)
-def softmax(ctx, node):
+def _refused_softmax(info, node) -> str | None:
+    """onert's SOFTMAX / LOG_SOFTMAX reduce the last axis, in the input's dtype."""
     x, dim = node.args[0], node.args[1]
-    rank = ctx.rank(x)
-    if dim % rank != rank - 1:
-        raise ctx.error(f"softmax over axis {dim} is not supported (only the last axis)")
-    if ctx.dtype(node) != ctx.dtype(x):
-        raise ctx.error("softmax with a dtype change is not supported")
+    rank = info.rank(x)
+    if dim % max(rank, 1) != rank - 1:
+        return f"softmax over axis {dim} is not supported (only the last axis)"
+    if info.dtype(node) != info.dtype(x):
+        return "softmax with a dtype change is not supported"
+    return None
+
+
+@lowering(aten._softmax.default, aten.softmax.int, aten._log_softmax.default, aten.log_softmax.int,
+          refuses=_refused_softmax)
+def softmax(ctx, node):
+    x = node.args[0]
     if node.target in (aten._log_softmax.default, aten.log_softmax.int):
         ctx.op(BO.LOG_SOFTMAX, [ctx.tensor(x)], [ctx.output(node)])
     else:
