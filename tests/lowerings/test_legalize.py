@@ -49,3 +49,13 @@ def test_check_reports_only_what_the_steps_so_far_ensure():
         check(mb, "types", {TYPES})
     legalize(mb, set(mb.inputs) | set(mb.outputs))  # the types step carries bool through int32
     assert [op.code for op in mb.operators] == [BO.CAST, BO.TRANSPOSE, BO.CAST]
+
+
+def test_ranks_step_runs_rms_norm_of_any_rank_as_three_d():
+    mb = _one_op(BO.RMS_NORM, [[6, 8]], [6, 8], opts=make_options("RmsNormOptions", epsilon=1e-6))
+    gamma = mb.add_constant("gamma", np.ones(8, np.float32))
+    mb.operators[0].inputs.append(gamma)
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    norm = next(op for op in mb.operators if op.code == BO.RMS_NORM)
+    assert mb.dims(norm.inputs[0]) == [1, 6, 8] and norm.inputs[1] == gamma
+    assert [op.code for op in mb.operators] == [BO.RESHAPE, BO.RMS_NORM, BO.RESHAPE]

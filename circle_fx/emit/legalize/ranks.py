@@ -1,4 +1,7 @@
-"""Elementwise operators folded into the ranks onert 0.1.0 computes correctly.
+"""Operators folded into the ranks onert 0.1.0 computes correctly (the ``ranks`` step).
+
+RMS_NORM of any rank runs as ``[1, rows, D]`` (onert's kernel takes 3-D and 4-D inputs).
+Elementwise operators:
 
 Measured (docs/onert-findings.md, "Ranks above 4"):
 
@@ -30,12 +33,13 @@ ELEMENTWISE = {getattr(BO, n) for n in limits.BINARY_ELEMENTWISE + limits.UNARY_
 
 
 def legalize(mb: ModelBuilder) -> int:
-    """Fold every elementwise operator above its rank limit, in place; return how many."""
-    return mb.rewrite_operators(
-        lambda op: _fold(mb, op) if op.code in ELEMENTWISE and len(op.outputs) == 1 else None)
+    """Fold every operator above its rank limit (:data:`FOLDS`), in place; return how many."""
+    return mb.rewrite_operators(lambda op: FOLDS[op.code](mb, op) if op.code in FOLDS else None)
 
 
-def _fold(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+def _fold_elementwise(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    if len(op.outputs) != 1:
+        return None
     out_t = op.outputs[0]
     out = mb.dims(out_t)
     ins = [mb.dims(t) for t in op.inputs]
@@ -69,6 +73,29 @@ def _fold(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     new_ops.append(OperatorInfo(op.code, new_ins, [mid], op.options, op.source))
     new_ops.append(OperatorInfo(BO.RESHAPE, [mid, _shape_const(mb, info.name, out)], [out_t], None, op.source))
     return new_ops
+
+
+def _fold_rms_norm(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    """RMS_NORM normalizes each row of the last dim; onert's kernel takes ranks
+    ``limits.RMS_NORM`` only, so any other rank runs as ``[1, rows, D]`` (row-major: exact)."""
+    x, out_t = op.inputs[0], op.outputs[0]
+    shape = mb.dims(x)
+    if not shape or len(shape) in limits.RMS_NORM:
+        return None
+    as3d = [1, dims.numel(shape[:-1]), shape[-1]]
+    if as3d.count(-1) > 1:
+        return None  # the check after this step names it
+    hint = [1, dims.numel(mb.tensors[x].shape[:-1]), mb.tensors[x].shape[-1]]
+    x3, new_ops = mb.reshaped(x, as3d, hint, f"{mb.tensors[x].name}/3d", op.source)
+    info = mb.tensors[out_t]
+    y3 = mb.add_tensor(f"{info.name}/3d", hint, info.type, 0, as3d if -1 in as3d else None, info.quantization)
+    new_ops.append(OperatorInfo(op.code, [x3, *op.inputs[1:]], [y3], op.options, op.source))
+    new_ops.append(OperatorInfo(BO.RESHAPE, [y3, _shape_const(mb, info.name, mb.dims(out_t))], [out_t], None, op.source))
+    return new_ops
+
+
+#: Circle op -> its fold (replacement operators, or None when it is within its limit)
+FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm}
 
 
 def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):

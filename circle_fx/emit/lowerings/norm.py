@@ -1,8 +1,8 @@
 """``circle.rms_norm`` -> Circle's builtin ``RMS_NORM`` (gamma is ones when unweighted).
 
-onert's RMS_NORM kernel accepts only 3-D and 4-D inputs, so other ranks are reshaped to
-``[1, rows, D]`` around it (a free metadata change for row-major tensors). Inputs with a
-dynamic dim are lowered decomposed instead (see ``_decomposed``).
+Any rank: onert's RMS_NORM kernel accepts only 3-D and 4-D inputs, and the ``ranks``
+legalization step (``emit/legalize/ranks.py``) reshapes other ranks to ``[1, rows, D]``
+around it. Inputs with a dynamic dim are lowered decomposed instead (see ``_decomposed``).
 """
 from __future__ import annotations
 
@@ -25,18 +25,7 @@ def lower_rms_norm(ctx, node):
     if ctx.is_dynamic(x):
         _decomposed(ctx, node, x, gamma, eps)
         return
-    shape = ctx.dims(x, static=True)
-    opts = options("RmsNormOptions", epsilon=float(eps))
-    if len(shape) in (3, 4):
-        ctx.op(BO.RMS_NORM, [ctx.tensor(x), gamma], [ctx.output(node)], opts)
-        return
-    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    as3d = [1, rows, shape[-1]]
-    x3 = ctx.new_tensor(as3d, ctx.dtype(x), "in3d")
-    ctx.op(BO.RESHAPE, [ctx.tensor(x), ctx.int_const(as3d)], [x3])
-    y3 = ctx.new_tensor(as3d, ctx.dtype(node), "out3d")
-    ctx.op(BO.RMS_NORM, [x3, gamma], [y3], opts)
-    ctx.op(BO.RESHAPE, [y3, ctx.int_const(shape)], [ctx.output(node)])
+    ctx.op(BO.RMS_NORM, [ctx.tensor(x), gamma], [ctx.output(node)], options("RmsNormOptions", epsilon=float(eps)))
 
 
 def _decomposed(ctx, node, x, gamma, eps):

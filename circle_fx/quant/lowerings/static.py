@@ -84,15 +84,9 @@ def q_embedding(ctx, node):
 
 @lowering(qops.q_rms_norm)
 def q_rms_norm(ctx, node):
-    """One RMS_NORM on integer tensors (``npu`` target); gamma is a quantized constant."""
+    """One RMS_NORM on integer tensors (``npu`` target); gamma is a quantized constant. Any
+    rank: the ``ranks`` legalization step folds it into the ranks onert's kernel takes."""
     x, w, eps = node.args[0], node.args[3], node.args[6]
-    dims = ctx.dims(x, static=True)
-    opts = options("RmsNormOptions", epsilon=float(eps))
-    if len(dims) in (3, 4):
-        ctx.op(BO.RMS_NORM, [ctx.tensor(x), ctx.tensor(w)], [ctx.output(node)], opts)
-        return
-    as3d = [1, math.prod(dims[:-1]), dims[-1]]
-    x3 = ctx.reshaped(ctx.tensor(x), as3d, name="in3d")
-    y3 = ctx.new_tensor(as3d, ctx.dtype(node), "out3d", quantization=ctx.quantization(node))
-    ctx.op(BO.RMS_NORM, [x3, ctx.tensor(w)], [y3], opts)
-    ctx.op(BO.RESHAPE, [y3, ctx.int_const(dims)], [ctx.output(node)])
+    ctx.dims(x, static=True)  # static shapes only
+    ctx.op(BO.RMS_NORM, [ctx.tensor(x), ctx.tensor(w)], [ctx.output(node)],
+           options("RmsNormOptions", epsilon=float(eps)))
