@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .circle.schema import CIRCLE_TO_NUMPY, op_name
+from .circle.ggml import block_type
+from .circle.schema import CIRCLE_TO_NUMPY, op_name, type_name
 from .emit.builder import ModelBuilder
 from .emit.writer import Serialized, write_atomic
 from .errors import InputError, OutputError
@@ -148,12 +149,14 @@ class CircleModel:
         return Counter(op_name(op.code) for op in self.builder.operators)
 
     def weight_bytes_by_dtype(self) -> dict[str, int]:
-        """Constant bytes per stored dtype (``{"int8": ..., "float32": ...}``), largest first;
+        """Constant bytes per stored dtype (``{"int8": ..., "float32": ...}``; GGML blocks by their
+        Circle type, ``GGML_Q4_0``), largest first;
         each buffer counted once, even when two tensors share it (tied weights)."""
+        packed = {t.buffer: type_name(t.type) for t in self.builder.tensors if block_type(t.type) is not None}
         by: Counter = Counter()
-        for arr in self.builder.buffers:
+        for i, arr in enumerate(self.builder.buffers):
             if arr is not None:
-                by[str(arr.dtype)] += arr.nbytes
+                by[packed.get(i, str(arr.dtype))] += arr.nbytes
         return dict(by.most_common())
 
     def summary(self) -> str:

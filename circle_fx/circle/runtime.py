@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import RuntimeFailure
 from .fdcapture import FdCapture
+from .ggml_support import check_ggml_runs
 
 
 def _failure(what: str, err: Exception, printed: str) -> RuntimeFailure:
@@ -37,6 +38,7 @@ class OnertSession:
             import onert
         except ImportError as e:  # pragma: no cover - onert is a hard dependency
             raise RuntimeFailure("onert is not installed: pip install onert") from e
+        check_ggml_runs(path)  # a CPU onert's ggml kernels cannot run on would SIGILL the process
         self._capture = FdCapture()
         try:
             with self._capture:

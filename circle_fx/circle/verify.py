@@ -36,9 +36,10 @@ import numpy as np
 from circle_schema import circle
 
 from ..errors import VerifyError
-from . import limits
+from . import ggml, limits
 from .dims import DYNAMIC, broadcast, fmt as _fmt, numel as _numel, same as _same, same_shape as _same_shape
 from .dedup import duplicate_bytes, duplicates
+from .ggml import block_type
 from .reader import CircleFile, OperatorView, read_circle
 from .schema import BO, TT, options_class_name, options_union
 
@@ -174,7 +175,7 @@ class _Checker:
                 self.bad(f"{where}: name used by {names[t.name]} tensors")
             if not 0 <= t.buffer < len(self.cf.buffers):
                 self.bad(f"{where}: buffer index {t.buffer} out of range (0..{len(self.cf.buffers) - 1})")
-            if t.dtype is None:
+            if t.dtype is None and block_type(t.type) is None:
                 self.bad(f"{where}: tensor type {t.type_name} is not one circle_fx emits")
             if len(t.shape) > limits.TENSOR:
                 self.bad(f"{where}: rank {len(t.shape)}; onert 0.1.0 crashes on tensors of rank > {limits.TENSOR}")
@@ -215,7 +216,8 @@ class _Checker:
 
     def check_buffers(self) -> None:
         for t in self.cf.tensors:
-            if not 0 <= t.buffer < len(self.cf.buffers) or t.dtype is None:
+            blocks = block_type(t.type)
+            if not 0 <= t.buffer < len(self.cf.buffers) or (t.dtype is None and blocks is None):
                 continue
             b = self.cf.buffers[t.buffer]
             if b.size == 0 and b.data is None:
@@ -227,6 +229,16 @@ class _Checker:
                 continue
             if t.shape_signature is not None and -1 in t.shape_signature:
                 self.bad(f"{where}: a constant cannot have a dynamic shape {t.shape_signature}")
+            if blocks is not None:
+                if not t.shape or t.shape[-1] % ggml.BLOCK:
+                    self.bad(f"{where}: {t.type_name} shape {t.shape} must have a last dim that is a multiple "
+                             f"of the block size {ggml.BLOCK}")
+                    continue
+                want = blocks.nbytes(t.shape)
+                if b.size != want:
+                    self.bad(f"{where}: buffer holds {b.size} bytes, shape {t.shape} of {t.type_name} needs "
+                             f"{want} ({want // blocks.block_bytes} blocks of {blocks.block_bytes} bytes)")
+                continue
             want = math.prod(t.shape) * t.dtype.itemsize
             if b.size != want:
                 self.bad(f"{where}: buffer holds {b.size} bytes, shape {t.shape} of {t.type_name} "
@@ -289,10 +301,26 @@ class _Checker:
                 produced_by[i] = op.index
                 available.add(i)
             self.check_options(op, where)
+            self.check_block_uses(op, where)
         for i in cf.outputs:
             if self.valid_tensor(i) and i not in produced_by:
                 self.bad(f"graph output {self.tname(i)} is not produced by any operator")
         return ok
+
+    def check_block_uses(self, op: OperatorView, where: str) -> None:
+        """GGML block tensors only where onert 0.1.0 has a kernel for them (measured): the weight
+        (input 1) of a bias-free FULLY_CONNECTED, or a GGML_Q4_0 GATHER table (input 0)."""
+        for pos, i in enumerate(op.inputs):
+            if not self.valid_tensor(i) or block_type(self.cf.tensors[i].type) is None:
+                continue
+            t = self.cf.tensors[i]
+            if op.builtin_code == BO.FULLY_CONNECTED and pos == 1:
+                if len(op.inputs) > 2 and op.inputs[2] != -1:
+                    self.bad(f"{where}: a {t.type_name} weight with a bias input (onert's ggml kernel throws; "
+                             "add the bias with ADD)")
+            elif not (op.builtin_code == BO.GATHER and pos == 0 and t.type == TT.GGML_Q4_0):
+                self.bad(f"{where}: {t.type_name} {self.tname(i)} as input {pos}; onert 0.1.0 reads GGML blocks "
+                         "only as a FULLY_CONNECTED weight or a GGML_Q4_0 GATHER table")
 
     def check_options(self, op: OperatorView, where: str) -> None:
         kind = options_class_name(op.builtin_code)

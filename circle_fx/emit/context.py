@@ -96,6 +96,7 @@ class LoweringContext(NodeInfo):
         self.program = program
         self.builder = builder
         self.values: dict[fx.Node, int] = {}
+        self._packed: dict[tuple, int] = {}  # (constant, block type, shape) -> tensor (packed_const)
 
     # --------------------------------------------------------------- tensors
     def tensor(self, value, dtype: torch.dtype | None = None) -> int:
@@ -131,6 +132,22 @@ class LoweringContext(NodeInfo):
             key = ("storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
         buf = self.builder.add_buffer(arr, key)
         return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
+
+    def packed_const(self, value, circle_type: int, shape, name: str | None = None) -> int:
+        """Constant ``value`` (a uint8 tensor of raw blocks, e.g. GGML Q4_0) as a Circle tensor of
+        ``shape`` and block type ``circle_type``: the same bytes, a different element type. Two
+        uses of one constant under one type (a tied weight read by FULLY_CONNECTED and GATHER)
+        get one tensor; the buffer is shared in any case."""
+        if not (isinstance(value, fx.Node) and value.op == "get_attr"):
+            raise self.error(f"packed weights must be a constant, got {value}")
+        key = (value, circle_type, tuple(shape))
+        if key not in self._packed:
+            t = fetch_attr(self.program.gm, value.target)
+            arr = to_numpy(t, f"constant {value.target}")
+            storage = ("storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+            buf = self.builder.add_buffer(arr, storage if t.is_contiguous() else None)
+            self._packed[key] = self.builder.add_tensor(name or value.target, [int(d) for d in shape], circle_type, buf)
+        return self._packed[key]
 
     def const(self, array, name: str = "const", quantization: QuantParams | None = None) -> int:
         return self.builder.add_constant(f"{self._prefix()}{name}", np.asarray(array), quantization=quantization)

@@ -30,6 +30,9 @@ class _Session:
         import onert
         from onert.native.libnnfw_api_pybind import prepare_config
 
+        from ..circle.ggml_support import check_ggml_runs
+
+        check_ggml_runs(path)  # a CPU onert's ggml kernels cannot run on would SIGILL the process
         try:
             self.s = onert.infer.session(path).session
             self.s.set_prepare_config(prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)

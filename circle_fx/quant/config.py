@@ -1,4 +1,4 @@
-"""What to quantize: :class:`QuantConfig`, or the shorthand string ``"int8-weights"``.
+"""What to quantize: :class:`QuantConfig`, or a shorthand string (``"int8-weights"``, ``"q8_0"``, ``"q4_0"``).
 
 A typed object rather than free-form strings because a typo in a quantization option
 would otherwise silently give a float model; every field is checked when it is built and
@@ -10,12 +10,23 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-#: linear weights: int8 symmetric, one scale per output row (the only ``weights`` mode)
-WEIGHT_MODES = ("int8",)
-#: embedding tables: uint8 rows (q + 128, zero point 128) with a float scale per row
-EMBEDDING_MODES = ("uint8-rows",)
-#: shorthand strings accepted by ``export(..., quantize=...)`` and ``--quantize``
-PRESETS = ("int8-weights",)
+#: linear weights: ``int8`` symmetric with one scale per output row (onert's hybrid FC), or GGML
+#: blocks of 32 with a float16 scale each (``q8_0``: 8.5 bits/weight, ``q4_0``: 4.5)
+WEIGHT_MODES = ("int8", "q8_0", "q4_0")
+#: the GGML weight modes (FULLY_CONNECTED with a GGML_* weight; in_features must be a multiple of 32)
+GGML_MODES = ("q8_0", "q4_0")
+#: embedding tables: uint8 rows (q + 128, zero point 128) with a float scale per row, or a GGML
+#: Q4_0 table that GATHER reads directly (onert has no Q8_0 GATHER)
+EMBEDDING_MODES = ("uint8-rows", "q4_0")
+#: ``lm_head`` (the linear tied to the embedding, or named ``lm_head``): same mode as ``weights``
+LM_HEAD_AUTO = "auto"
+#: shorthand strings accepted by ``export(..., quantize=...)`` and ``--quantize``, and what they mean
+PRESETS = {
+    "int8-weights": dict(weights="int8", embedding="uint8-rows"),
+    # 8-bit embedding rows: a Q4_0 table would cost more accuracy than every Q8_0 linear together
+    "q8_0": dict(weights="q8_0", embedding="uint8-rows"),
+    "q4_0": dict(weights="q4_0", embedding="q4_0"),
+}
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,10 @@ class QuantConfig:
       float scale per output channel; ``None`` keeps them float.
     - ``embedding``: ``"uint8-rows"`` stores embedding tables as uint8 with a scale per row
       (GATHER -> DEQUANTIZE -> MUL in the file); ``None`` keeps them float.
+    - ``lm_head``: the output projection's mode (the linear whose weight is tied to the embedding,
+      or whose module is named ``lm_head``): ``"auto"`` (as ``weights``), one of ``WEIGHT_MODES``,
+      or None (float). A tied weight is stored once when both uses share an encoding (int8 +
+      uint8-rows, q4_0 + q4_0), else once per encoding.
     - ``skip``: glob patterns (``fnmatch``) of weights to keep float, matched against the
       parameter name (``lm_head.weight``) and its module name (``lm_head``); a pattern that
       matches no quantizable weight is an error (it is almost certainly a typo).
@@ -34,6 +49,12 @@ class QuantConfig:
     weights: str | None = "int8"
     embedding: str | None = "uint8-rows"
     skip: tuple[str, ...] = ()
+    lm_head: str | None = LM_HEAD_AUTO
+
+    @property
+    def lm_head_mode(self) -> str | None:
+        """The lm_head's weight mode with ``"auto"`` resolved."""
+        return self.weights if self.lm_head == LM_HEAD_AUTO else self.lm_head
 
     def __post_init__(self):
         if self.weights not in (None, *WEIGHT_MODES):
@@ -42,6 +63,9 @@ class QuantConfig:
         if self.embedding not in (None, *EMBEDDING_MODES):
             raise InputError(f"QuantConfig(embedding={self.embedding!r}): expected one of "
                              f"{', '.join(map(repr, EMBEDDING_MODES))} or None")
+        if self.lm_head not in (None, LM_HEAD_AUTO, *WEIGHT_MODES):
+            raise InputError(f"QuantConfig(lm_head={self.lm_head!r}): expected {LM_HEAD_AUTO!r}, one of "
+                             f"{', '.join(map(repr, WEIGHT_MODES))} or None")
         skip = (self.skip,) if isinstance(self.skip, str) else self.skip
         try:
             skip = tuple(skip)
@@ -57,13 +81,13 @@ class QuantConfig:
 
 
 def resolve_quantize(quantize) -> QuantConfig | None:
-    """``export(quantize=...)``: None / "none" -> no quantization, "int8-weights" -> the
-    default :class:`QuantConfig`, a QuantConfig as is; anything else is an InputError."""
+    """``export(quantize=...)``: None / "none" -> no quantization, a preset name (``PRESETS``) -> its
+    :class:`QuantConfig`, a QuantConfig as is; anything else is an InputError."""
     if quantize is None or quantize is False or quantize == "none":
         return None
     if isinstance(quantize, QuantConfig):
         return quantize
     if isinstance(quantize, str) and quantize in PRESETS:
-        return QuantConfig()
+        return QuantConfig(**PRESETS[quantize])
     raise InputError(f"quantize={quantize!r}: expected one of {', '.join(map(repr, PRESETS))}, "
                      "a circle_fx.QuantConfig, or None")

@@ -12,6 +12,9 @@ graph is the runtime's kernel (its hybrid FULLY_CONNECTED quantizes activations 
 - ``embedding_w8(table, scale, zero_point, indices)``: ``table`` uint8 (or int8 when the table
   is shared with a linear, tied ``lm_head``) ``[V, D]``, ``scale`` float ``[V]``;
   ``y = (table[indices] - zero_point) * scale[indices, None]``.
+- ``linear_ggml(x, blocks, kind, bias)``: ``blocks`` uint8 ``[O, I / 32 * block_bytes]``, GGML
+  ``kind`` ``"q8_0"`` / ``"q4_0"`` (:mod:`circle_fx.circle.ggml`); ``y = x @ dequant(blocks).T + bias``.
+- ``embedding_ggml(blocks, kind, indices)``: the rows ``indices`` of the dequantized table.
 """
 from __future__ import annotations
 
@@ -19,9 +22,13 @@ from typing import Optional
 
 import torch
 
+from ..circle import ggml
+
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
 _lib.define("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor")
 _lib.define("embedding_w8(Tensor table, Tensor scale, int zero_point, Tensor indices) -> Tensor")
+_lib.define("linear_ggml(Tensor x, Tensor blocks, str kind, Tensor? bias) -> Tensor")
+_lib.define("embedding_ggml(Tensor blocks, str kind, Tensor indices) -> Tensor")
 
 
 def _linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -43,6 +50,41 @@ def _embedding_w8_fake(table, scale, zero_point, indices):
     return torch.empty((*indices.shape, table.shape[1]), dtype=torch.float32, device=indices.device)
 
 
+def ggml_in_features(blocks: torch.Tensor, kind: str) -> int:
+    """The input features of a GGML weight stored as ``blocks`` [O, row_bytes]."""
+    b = ggml.BY_NAME[kind]
+    return blocks.shape[1] // b.block_bytes * ggml.BLOCK
+
+
+def ggml_dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """The float32 weight [O, I] that ``blocks`` encode (what onert's kernel multiplies by)."""
+    b = ggml.BY_NAME[kind]
+    shape = (blocks.shape[0], ggml_in_features(blocks, kind))
+    return torch.from_numpy(ggml.dequantize(b, blocks.contiguous().numpy(), shape))
+
+
+def _linear_ggml(x, blocks, kind: str, bias):
+    y = torch.nn.functional.linear(x, ggml_dequantize(blocks, kind).to(x.dtype))
+    return y if bias is None else y + bias
+
+
+def _linear_ggml_fake(x, blocks, kind, bias):
+    return x.new_empty((*x.shape[:-1], blocks.shape[0]))
+
+
+def _embedding_ggml(blocks, kind: str, indices):
+    rows = blocks[indices.reshape(-1)]
+    return ggml_dequantize(rows, kind).reshape(*indices.shape, -1)
+
+
+def _embedding_ggml_fake(blocks, kind, indices):
+    return torch.empty((*indices.shape, ggml_in_features(blocks, kind)), dtype=torch.float32, device=indices.device)
+
+
+_lib.impl("linear_ggml", _linear_ggml, "CompositeExplicitAutograd")
+_lib.impl("embedding_ggml", _embedding_ggml, "CompositeExplicitAutograd")
+torch.library.register_fake("circle::linear_ggml", _linear_ggml_fake, lib=_lib)
+torch.library.register_fake("circle::embedding_ggml", _embedding_ggml_fake, lib=_lib)
 _lib.impl("linear_w8", _linear_w8, "CompositeExplicitAutograd")
 _lib.impl("embedding_w8", _embedding_w8, "CompositeExplicitAutograd")
 torch.library.register_fake("circle::linear_w8", _linear_w8_fake, lib=_lib)
@@ -50,3 +92,5 @@ torch.library.register_fake("circle::embedding_w8", _embedding_w8_fake, lib=_lib
 
 linear_w8 = torch.ops.circle.linear_w8.default
 embedding_w8 = torch.ops.circle.embedding_w8.default
+linear_ggml = torch.ops.circle.linear_ggml.default
+embedding_ggml = torch.ops.circle.embedding_ggml.default

@@ -1,4 +1,11 @@
-"""The ``quantize_weights`` pass: linear weights -> int8 rows, embedding tables -> uint8 rows.
+"""The ``quantize_weights`` pass: linear weights -> int8 rows or GGML Q8_0/Q4_0 blocks, embedding
+tables -> uint8 rows or a GGML Q4_0 table.
+
+GGML modes (``QuantConfig(weights="q8_0"|"q4_0")``) rewrite linears to ``circle.linear_ggml`` and,
+with ``embedding="q4_0"``, embeddings to ``circle.embedding_ggml`` (blocks packed by
+:mod:`circle_fx.quant.ggml`). A linear whose in_features is not a multiple of 32, or whose input
+has a dynamic dim, falls back to int8 rows (recorded in ``summary()``). The lm_head (tied to the
+embedding, or named ``lm_head``) follows ``QuantConfig.lm_head``.
 
 For every constant weight it computes, once and at compile time, int8 values with one
 symmetric scale per output row (``scale = max|row| / 127``), and rewrites its users:
@@ -36,7 +43,10 @@ from ..fx_utils import fake_mode_of, make_node
 from ..passes.base import Pass
 from ..program import add_constant
 from .config import QuantConfig
-from .ops import embedding_w8, linear_w8
+from ..circle import ggml
+from .config import GGML_MODES
+from .ggml import pack as ggml_pack
+from .ops import embedding_ggml, embedding_w8, linear_ggml, linear_w8
 
 aten = torch.ops.aten
 
@@ -57,12 +67,36 @@ class QuantizationRecord:
     config: QuantConfig
     quantized: list[tuple[str, str, tuple, str]] = field(default_factory=list)  # (name, uses, shape, dtype)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (name, "q4_0 -> int8: why")
+    notes: list[str] = field(default_factory=list)
+    #: stored bytes and weight count per encoding (``{"q4_0": [bytes, weights]}``): bits per weight
+    sizes: dict = field(default_factory=dict)
+    #: Q4_0 blocks' total squared error: [ggml's plain d = m/-8, the searched scale]
+    q4_err: list = field(default_factory=lambda: [0.0, 0.0])
+
+    def add(self, name, linears, embeddings, shape, encoding, nbytes) -> None:
+        kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
+        self.quantized.append((name, kinds, shape, encoding))
+        size = self.sizes.setdefault(encoding, [0, 0])
+        size[0] += nbytes
+        size[1] += shape[0] * shape[1]
+
+    def bits_per_weight(self) -> dict[str, float]:
+        """Stored bits per quantized weight, per encoding (scales included)."""
+        return {k: 8 * b / n for k, (b, n) in self.sizes.items() if n}
 
     def lines(self) -> list[str]:
         uses: dict[str, int] = {}
         for _, kind, _, dtype in self.quantized:
             uses[f"{kind} -> {dtype}"] = uses.get(f"{kind} -> {dtype}", 0) + 1
         out = [f"quantized weights: {len(self.quantized)} (" + ", ".join(f"{k} x{v}" for k, v in uses.items()) + ")"]
+        out.append("bits per weight: " + ", ".join(f"{k} {v:.2f}" for k, v in self.bits_per_weight().items()))
+        plain, chosen = self.q4_err
+        if plain > 0:
+            out.append(f"q4_0 scale search: squared error {100 * (1 - chosen / plain):.1f}% lower than ggml's "
+                       f"max/-8 scale")
+        out += [f"  fallback: {name}: {why}" for name, why in self.fallbacks]
+        out += [f"  note: {n}" for n in self.notes]
         out += [f"  kept float: {name}: {why}" for name, why in self.skipped]
         return out
 
@@ -144,11 +178,12 @@ class QuantizeWeights(Pass):
                 matched.update(hits)
                 record.skipped.append((name, f"matches skip pattern {hits[0]!r}"))
                 continue
-            reason = self._keep_float(linears, embeddings, others)
+            lin, emb = self._modes(w, name, linears, embeddings, record)
+            reason = self._keep_float(lin, linears, embeddings, others)
             if reason:
                 record.skipped.append((name, reason))
                 continue
-            self._rewrite(program, attr, w, linears, embeddings, record, name)
+            self._rewrite(program, attr, w, linears, embeddings, record, name, lin, emb)
             changed = True
         unmatched = [p for p in cfg.skip if p not in matched]
         if unmatched:
@@ -158,33 +193,86 @@ class QuantizeWeights(Pass):
         program.notes[NOTES_KEY] = record
         return changed
 
-    def _keep_float(self, linears, embeddings, others) -> str | None:
+    def _keep_float(self, lin_mode, linears, embeddings, others) -> str | None:
         cfg = self.config
         if others:
             ops = sorted({str(getattr(u.target, "__name__", u.target)) for u in others})
             return f"also read by {', '.join(ops)} (quantizing would keep a float copy as well)"
-        if linears and embeddings and (cfg.weights is None or cfg.embedding is None):
+        if linears and embeddings and (lin_mode is None or cfg.embedding is None):
             return "shared by a linear and an embedding, and the config keeps one of them float"
-        if linears and cfg.weights is None:
-            return "linear weights are kept float (QuantConfig.weights=None)"
+        if linears and lin_mode is None:
+            return "linear weights are kept float (QuantConfig.weights/lm_head=None)"
         if embeddings and not linears and cfg.embedding is None:
             return "embeddings are kept float (QuantConfig.embedding=None)"
         return None
 
-    def _rewrite(self, program, attr, w, linears, embeddings, record, name) -> None:
-        gm, g = program.gm, program.graph
+    def _modes(self, w, name, linears, embeddings, record) -> tuple[str | None, str | None]:
+        """``(linear mode, embedding mode)`` for this weight, after the fallbacks the file format
+        needs: GGML blocks need ``in_features % 32 == 0`` and static shapes (else int8 rows), a
+        Q4_0 table likewise (else uint8 rows)."""
+        cfg = self.config
+        lm_head = bool(embeddings) or _matches("*lm_head", name)
+        lin = (cfg.lm_head_mode if lm_head else cfg.weights) if linears else None
+        emb = cfg.embedding if embeddings else None
+        cols = w.shape[1]
+        if lin in GGML_MODES:
+            why = (f"in_features {cols} is not a multiple of {ggml.BLOCK}" if cols % ggml.BLOCK else
+                   "a dynamic dim reaches it (the GGML kernels need static shapes)"
+                   if any(_dynamic(u) for u in linears) else None)
+            if why:
+                record.fallbacks.append((name, f"{lin} -> int8: {why}"))
+                lin = "int8"
+        if emb == "q4_0" and cols % ggml.BLOCK:
+            record.fallbacks.append((name, f"q4_0 table -> uint8-rows: dim {cols} is not a multiple of {ggml.BLOCK}"))
+            emb = "uint8-rows"
+        return lin, emb
+
+    def _rewrite(self, program, attr, w, linears, embeddings, record, name, lin, emb) -> None:
+        """Shared encodings (int8 + uint8 rows, q4_0 + q4_0) keep a tied weight one buffer;
+        otherwise each use gets its own encoding."""
+        if linears and embeddings and not ((lin, emb) in (("int8", "uint8-rows"), ("q4_0", "q4_0"))):
+            record.notes.append(f"{name}: {lin} linear and {emb} embedding: stored once per encoding")
+            self._rewrite(program, attr, w, linears, [], record, name, lin, None)
+            self._rewrite(program, attr, w, [], embeddings, record, name, None, emb)
+            return
+        if (lin or emb) in GGML_MODES:
+            return self._rewrite_ggml(program, attr, w, linears, embeddings, record, name, lin or emb)
+        self._rewrite_int8(program, attr, w, linears, embeddings, record, name)
+
+    def _constant(self, program, attr, t, suffix):
+        g = program.graph
+        mode = fake_mode_of(g)
+        with g.inserting_before(attr):
+            n = g.get_attr(add_constant(program.gm, t, f"{attr.target}_{suffix}"))
+        # static: a fake made under the export's shape env would otherwise get symbolic sizes
+        n.meta["val"] = mode.from_tensor(t, static_shapes=True) if mode is not None else t
+        return n
+
+    def _rewrite_ggml(self, program, attr, w, linears, embeddings, record, name, kind) -> None:
+        g = program.graph
+        try:
+            blocks, err_plain, err_chosen = ggml_pack(w, ggml.BY_NAME[kind])
+        except ValueError as e:
+            raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
+        bn = self._constant(program, attr, blocks, kind)
+        for user in linears:
+            x, _, bias = (list(user.args) + [None])[:3]
+            self._replace(g, user, linear_ggml, (x, bn, kind, bias))
+        for user in embeddings:
+            self._replace(g, user, embedding_ggml, (bn, kind, user.args[1]))
+        record.add(name, linears, embeddings, tuple(w.shape), kind, blocks.numel())
+        record.q4_err[0] += err_plain
+        record.q4_err[1] += err_chosen
+
+    def _rewrite_int8(self, program, attr, w, linears, embeddings, record, name) -> None:
+        g = program.graph
         unsigned = not linears  # a table only GATHER reads: uint8, zero point 128
         try:
             q, scale = quantize_rows(w, unsigned=unsigned)
         except ValueError as e:
             raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
-        mode = fake_mode_of(g)
-        with g.inserting_before(attr):
-            qn = g.get_attr(add_constant(gm, q, f"{attr.target}_q"))
-            sn = g.get_attr(add_constant(gm, scale, f"{attr.target}_scale"))
-        for n, t in ((qn, q), (sn, scale)):
-            # static: a fake made under the export's shape env would otherwise get symbolic sizes
-            n.meta["val"] = mode.from_tensor(t, static_shapes=True) if mode is not None else t
+        qn = self._constant(program, attr, q, "q")
+        sn = self._constant(program, attr, scale, "scale")
         zero_point = UINT8_ZERO_POINT if unsigned else 0
         qn.meta[QUANT_META] = QuantParams(1.0, zero_point)
         for user in linears:
@@ -192,8 +280,8 @@ class QuantizeWeights(Pass):
             self._replace(g, user, linear_w8, (x, qn, sn, bias))
         for user in embeddings:
             self._replace(g, user, embedding_w8, (qn, sn, zero_point, user.args[1]))
-        kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
-        record.quantized.append((name, kinds, tuple(w.shape), str(q.dtype).replace("torch.", "")))
+        record.add(name, linears, embeddings, tuple(w.shape), str(q.dtype).replace("torch.", ""),
+                   q.numel() + 4 * scale.numel())
 
     @staticmethod
     def _replace(g, user, target, args) -> None:
@@ -201,6 +289,12 @@ class QuantizeWeights(Pass):
             new = make_node(g, target, args, like=user)
         user.replace_all_uses_with(new)
         g.erase_node(user)
+
+
+def _dynamic(node) -> bool:
+    """True when a linear's input has a symbolic (dynamic) dim."""
+    v = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    return v is not None and any(not isinstance(d, int) for d in v.shape)
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -23,7 +23,7 @@ from circle_fx.emit.writer import serialize
 from circle_fx.model import CircleModel, ExportReport
 from circle_fx.ops import rms_norm, rope
 from circle_fx.ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
-from circle_fx.quant.ops import embedding_w8, linear_w8
+from circle_fx.quant.ops import embedding_ggml, embedding_w8, linear_ggml, linear_w8
 from circle_fx.source import op_name
 
 from onert_eager import Fn, assert_onert_matches_eager
@@ -84,6 +84,35 @@ class W8Embedding(torch.nn.Module):
 
     def forward(self, ids):
         return embedding_w8(self.t, self.s, 128, ids)
+
+
+class GgmlLinear(torch.nn.Module):
+    """``circle.linear_ggml``: a Q8_0 weight [3, 64] (ggml byte layout) and a bias."""
+
+    def __init__(self):
+        super().__init__()
+        from circle_fx.circle.ggml import Q8_0
+        from circle_fx.quant.ggml import pack
+
+        self.register_buffer("w", pack(torch.randn(3, 64, generator=torch.Generator().manual_seed(0)), Q8_0)[0])
+        self.register_buffer("b", torch.tensor([0.5, -1.0, 0.25]))
+
+    def forward(self, x):
+        return linear_ggml(x, self.w, "q8_0", self.b)
+
+
+class GgmlEmbedding(torch.nn.Module):
+    """``circle.embedding_ggml``: a Q4_0 table [10, 32]."""
+
+    def __init__(self):
+        super().__init__()
+        from circle_fx.circle.ggml import Q4_0
+        from circle_fx.quant.ggml import pack
+
+        self.register_buffer("t", pack(torch.randn(10, 32, generator=torch.Generator().manual_seed(0)), Q4_0)[0])
+
+    def forward(self, ids):
+        return embedding_ggml(self.t, "q4_0", ids)
 
 
 X = r(2, 3, 4)
@@ -218,6 +247,14 @@ CASES = {
     avg_pool2d_nhwc: (torch.nn.AvgPool2d(3, 2, 1), (r(1, 2, 7, 7),)),
 }
 
+#: GGML block weights: onert runs them only on CPUs its ggml build supports (AVX-512); elsewhere
+#: run() must refuse cleanly. Activation rows whose 32-blocks hold integers up to 127 are
+#: quantized exactly by ggml's Q8 dot product, so the comparison stays at float noise.
+GGML_CASES = {
+    linear_ggml: (GgmlLinear(), (torch.arange(-64, 64, dtype=torch.float32).reshape(2, 64).clamp(-127, 127),)),
+    embedding_ggml: (GgmlEmbedding(), (ints(2, 3, high=10),)),
+}
+
 #: targets that only appear in a graph exported with dynamic shapes: target -> (module, inputs, dynamic_shapes)
 DYNAMIC_CASES = {
     aten.sym_size.int: (Fn(lambda x: x.reshape(x.shape[0], 2, 2)), (r(3, 4),),
@@ -280,6 +317,21 @@ def test_lowering_runs_in_onert(target):
     assert target in called, f"{op_name(target)} was not lowered (called: {sorted(map(op_name, called))})"
 
 
+@pytest.mark.parametrize("target", list(GGML_CASES), ids=_id)
+def test_ggml_lowering_runs_in_onert_or_refuses(target):
+    from circle_fx.circle.ggml_support import ggml_unsupported_reason
+
+    module, inputs = GGML_CASES[target]
+    with recording() as called:
+        if ggml_unsupported_reason():
+            cm = circle_fx.export(module, inputs)
+            with pytest.raises(circle_fx.RuntimeFailure, match="GGML"):
+                cm.run(*inputs)
+        else:
+            assert_onert_matches_eager(module, inputs, rtol=1e-4, atol=1e-4)
+    assert target in called
+
+
 @pytest.mark.parametrize("target", list(DYNAMIC_CASES), ids=_id)
 def test_dynamic_only_lowering_runs_in_onert(target):
     module, inputs, dynamic_shapes = DYNAMIC_CASES[target]
@@ -306,7 +358,7 @@ def test_identity_lowering_runs_in_onert(target):
 
 def test_table_covers_the_registry():
     """A new built-in lowering needs a case here (and a case needs a lowering)."""
-    table = set(CASES) | set(DYNAMIC_CASES) | set(RETARGET_CASES)
+    table = set(CASES) | set(DYNAMIC_CASES) | set(RETARGET_CASES) | set(GGML_CASES)
     # the static-quantization lowerings take uint8 model inputs, which break onert's infer():
     # they run end to end through PT2E-quantized models (tests/quant/test_pt2e_*.py)
     builtin = builtin_targets() - {t for t, fn in LOWERINGS.items() if fn.__module__ == static.__name__}

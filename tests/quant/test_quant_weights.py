@@ -253,8 +253,8 @@ def test_bad_quantize_values_are_clear_errors(bad, words):
 
 
 @pytest.mark.parametrize("kwargs,words", [
-    ({"weights": "int4"}, "QuantConfig(weights='int4'): expected one of 'int8' or None"),
-    ({"embedding": "int8"}, "QuantConfig(embedding='int8'): expected one of 'uint8-rows' or None"),
+    ({"weights": "int4"}, "QuantConfig(weights='int4'): expected one of 'int8', 'q8_0', 'q4_0' or None"),
+    ({"embedding": "int8"}, "QuantConfig(embedding='int8'): expected one of 'uint8-rows', 'q4_0' or None"),
     ({"skip": [3]}, "patterns must be non-empty strings"),
     ({"weights": None, "embedding": None}, "quantizes nothing"),
 ])

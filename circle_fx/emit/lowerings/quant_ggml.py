@@ -1,0 +1,76 @@
+"""GGML block-quantized layers (``circle.linear_ggml``, ``circle.embedding_ggml``) in the forms
+onert 0.1.0 runs (measured: ``docs/onert-findings.md``, "GGML blocks").
+
+- ``linear_ggml`` -> ``FULLY_CONNECTED`` (float32 ``[rows, in]`` input, ``GGML_Q8_0`` /
+  ``GGML_Q4_0`` weight ``[out, in]``, no bias: the ggml kernel throws on one) -> ``ADD`` bias ->
+  ``RESHAPE`` back to the leading dims. The kernel quantizes the activations per block of 32
+  (ggml's Q8 dot product), ~0.4 % of |y| for Q8_0 weights, far below the hybrid int8 path's
+  per-row activation quantization.
+- ``embedding_ggml`` -> ``GATHER`` from a ``GGML_Q4_0`` table: onert returns the dequantized
+  rows (exact); its indices must be int32 (int64 ids get a CAST). A ``GGML_Q8_0`` table fails at run time in onert 0.1.0, so it is refused here.
+
+Static shapes only: a dynamic row count is refused with a clear error (the weight-only int8
+path, which the quantize pass uses instead, handles it).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...circle import ggml
+from ...quant.ops import embedding_ggml, ggml_in_features, linear_ggml
+from ..registry import lowering
+from ._common import BO, operand, options
+
+
+def _weight(ctx, blocks, kind: str, what: str) -> int:
+    if kind not in ggml.BY_NAME:
+        raise ctx.error(f"unknown GGML block type {kind!r}; expected one of {sorted(ggml.BY_NAME)}")
+    if ctx.constant(blocks) is None or ctx.dtype(blocks) != torch.uint8 or ctx.rank(blocks) != 2:
+        raise ctx.error(f"{what} must be a constant uint8 [rows, row_bytes] tensor of {kind} blocks, "
+                        f"got %{blocks.name}")
+    b = ggml.BY_NAME[kind]
+    rows, row_bytes = ctx.dims(blocks, static=True)
+    if row_bytes % b.block_bytes:
+        raise ctx.error(f"{what}: {row_bytes} bytes per row is not a whole number of {kind} blocks "
+                        f"({b.block_bytes} bytes each)")
+    cols = ggml_in_features(ctx.constant(blocks), kind)
+    return ctx.packed_const(blocks, b.circle_type, [rows, cols], blocks.name)
+
+
+@lowering(linear_ggml)
+def lower_linear_ggml(ctx, node):
+    x, blocks, kind, bias = node.args
+    if ctx.dtype(x) != torch.float32:
+        raise ctx.error(f"a {kind} linear needs a float32 input, got {ctx.dtype(x)}")
+    wt = _weight(ctx, blocks, kind, f"the {kind} weight")
+    out_dims = ctx.dims(node, static=True)
+    rows = math.prod(out_dims[:-1])
+    flat = [rows, out_dims[-1]]
+    xt = ctx.tensor(x)
+    in_dims = ctx.dims(x, static=True)
+    if len(in_dims) != 2:  # FULLY_CONNECTED flattens leading dims itself; a 1-D input needs a row
+        x2 = ctx.new_tensor([rows, in_dims[-1]], torch.float32, "in2d")
+        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand([rows, in_dims[-1]])], [x2])
+        xt = x2
+    last = len(out_dims) == 2
+    fc = ctx.output(node) if last and bias is None else ctx.new_tensor(flat, torch.float32, f"fc_{kind}")
+    ctx.op(BO.FULLY_CONNECTED, [xt, wt, -1], [fc], options("FullyConnectedOptions", keepNumDims=False))
+    if bias is not None:
+        biased = ctx.output(node) if last else ctx.new_tensor(flat, torch.float32, "biased")
+        ctx.op(BO.ADD, [fc, ctx.tensor(bias)], [biased], options("AddOptions"))
+        fc = biased
+    if not last:
+        ctx.op(BO.RESHAPE, [fc, ctx.shape_operand(node)], [ctx.output(node)])
+
+
+@lowering(embedding_ggml)
+def lower_embedding_ggml(ctx, node):
+    blocks, kind, ids = node.args
+    if kind != ggml.Q4_0.name:
+        raise ctx.error(f"GATHER from a {kind} table fails at run time in onert 0.1.0; only q4_0 tables "
+                        "are gathered (the quantize pass stores other embeddings as uint8 rows)")
+    table = _weight(ctx, blocks, kind, "the embedding table")
+    idx = operand(ctx, ids, torch.int32)  # onert's GGML GATHER accepts int32 indices only (measured)
+    ctx.op(BO.GATHER, [table, idx], [ctx.output(node)], options("GatherOptions", axis=0, batchDims=0))

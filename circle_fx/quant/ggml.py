@@ -1,0 +1,116 @@
+"""Packing float weights into GGML Q8_0 / Q4_0 blocks (layout: :mod:`circle_fx.circle.ggml`).
+
+The bytes are written by circle_fx (no ggml dependency), block by block along the input dim:
+
+- Q8_0: ``d = max|x| / 127`` (float16), ``q = round(x / d)``: ggml's own rule, bit for bit (the
+  tests compare with the ``gguf`` package's reference); with 255 levels nothing is gained by searching.
+- Q4_0: 16 levels ``(q - 8) * d``, q in 0..15, so the scale matters. ggml's rule is
+  ``d = m / -8`` with ``m`` the element of largest magnitude (it lands exactly on -8, the other
+  side gets only +7 levels). We try a small set of candidate scales per block (``m / -8`` and
+  ``m / 7`` scaled by factors in [0.75, 1.0]: shrinking clips the extreme element but refines the
+  other 31), plus the least-squares refit of the best one's codes, and keep the one with the
+  smallest squared error of the block (with ``d`` rounded to float16 as stored). The gain over
+  ``m / -8`` is returned so ``summary()`` can report it.
+
+Work goes through the rows in chunks (~1 MiB of weights, ~16 candidate temporaries), so a large
+weight never needs a full-size float temporary.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..circle.ggml import BLOCK, Q4_0, Q8_0, BlockType
+
+_CHUNK_ELEMS = 1 << 18
+#: Q4_0 candidate scales: ``m / base * factor`` (m = the block's largest-magnitude element)
+_Q4_BASES = (-8.0, 7.0)
+_Q4_FACTORS = np.array([1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.82, 0.78], np.float32)
+
+
+def _f16(d: np.ndarray) -> np.ndarray:
+    """The scale as stored (float16), back in float32; never 0 (a zero block keeps d = 0 bytes)."""
+    return d.astype(np.float16).astype(np.float32)
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    return np.where(d != 0, 1 / np.where(d != 0, d, 1), 0).astype(np.float32)
+
+
+def _q8_0(b: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """ggml's ``quantize_row_q8_0_ref`` bit for bit: the codes use the float32 scale, roundf."""
+    d = np.abs(b).max(-1) / np.float32(127)
+    x = b * _inverse(d)[:, None]
+    q = (np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))).astype(np.int8)
+    rec = np.empty(b.shape[:-1], Q8_0.record())
+    rec["d"] = d
+    rec["q"] = q
+    return rec, 0.0, 0.0
+
+
+def _codes(b, d):
+    """Q4_0 codes 0..15 of blocks ``b`` [n, 32] for scales ``d`` [n]: ggml's
+    ``(int8)(x / d + 8.5)`` clamped to 15 (truncation; ``x / d + 8.5 >= 0`` except when clipped)."""
+    return np.clip(np.trunc(b * _inverse(d)[:, None] + np.float32(8.5)), 0, 15)
+
+
+def _sq_err(b, d, q):
+    return ((b - (q - 8) * d[:, None]) ** 2).sum(-1)
+
+
+def _q4_0(b: np.ndarray, search: bool = True) -> tuple[np.ndarray, float, float]:
+    """``(blocks, squared error with ggml's m/-8, squared error chosen)`` for blocks ``b`` [n, 32]."""
+    idx = np.abs(b).argmax(-1)
+    m = np.take_along_axis(b, idx[:, None], -1)[:, 0]
+    best_q = _codes(b, m / np.float32(-8))  # ggml's quantize_row_q4_0_ref: codes from the float32 d
+    best_d = _f16(m / np.float32(-8))
+    best_e = _sq_err(b, best_d, best_q)
+    plain = float(best_e.sum())
+    if search:
+        for base in _Q4_BASES:
+            for f in _Q4_FACTORS:
+                d = _f16(m / base * f)
+                q = _codes(b, d)
+                e = _sq_err(b, d, q)
+                better = e < best_e
+                best_d, best_q, best_e = (np.where(better, d, best_d), np.where(better[:, None], q, best_q),
+                                          np.where(better, e, best_e))
+        # least-squares scale for the chosen codes, then re-code with it
+        c = best_q - 8
+        den = (c * c).sum(-1)
+        d = _f16(np.where(den > 0, (b * c).sum(-1) / np.where(den > 0, den, 1), best_d))
+        q = _codes(b, d)
+        e = _sq_err(b, d, q)
+        better = e < best_e
+        best_d, best_q, best_e = (np.where(better, d, best_d), np.where(better[:, None], q, best_q),
+                                  np.where(better, e, best_e))
+    q = best_q.astype(np.uint8)
+    rec = np.empty(b.shape[:-1], Q4_0.record())
+    rec["d"] = best_d
+    rec["q"] = q[:, :BLOCK // 2] | (q[:, BLOCK // 2:] << 4)
+    return rec, plain, float(best_e.sum())
+
+
+def pack(w: torch.Tensor, kind: BlockType, search: bool = True) -> tuple[torch.Tensor, float, float]:
+    """``(blocks, err_plain, err_chosen)``: ``w`` [rows, cols] (cols a multiple of 32) as a uint8
+    tensor [rows, cols / 32 * block_bytes] in ggml's layout, and the total squared error of ggml's
+    plain Q4_0 scale and of the chosen one (both 0 for Q8_0). Raises ValueError on a bad shape or
+    non-finite values."""
+    if w.dim() != 2 or w.shape[1] % BLOCK:
+        raise ValueError(f"GGML blocks need a 2-D weight whose last dim is a multiple of {BLOCK}, "
+                         f"got shape {tuple(w.shape)}")
+    rows, cols = w.shape
+    out = np.empty((rows, kind.row_bytes(cols)), np.uint8)
+    step = max(1, _CHUNK_ELEMS // cols)
+    plain = chosen = 0.0
+    with torch.no_grad():
+        for i in range(0, rows, step):
+            chunk = w[i:i + step].to(torch.float32).numpy()
+            if not np.isfinite(chunk).all():
+                raise ValueError(f"rows {i}..{i + len(chunk) - 1} have non-finite values (inf/nan)")
+            blocks = chunk.reshape(-1, BLOCK)
+            rec, p, c = _q8_0(blocks) if kind is Q8_0 else _q4_0(blocks, search)
+            out[i:i + len(chunk)] = rec.view(np.uint8).reshape(len(chunk), -1)
+            plain += p
+            chosen += c
+    return torch.from_numpy(out), plain, chosen
