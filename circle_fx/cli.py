@@ -18,6 +18,7 @@ from typing import Sequence
 from .errors import CircleFxError, InputError
 from .factory import load_factory
 from .paths import check_output_path
+from .quant.config import PRESETS
 
 
 def build_model(spec: str):
@@ -115,10 +116,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="run no optimisation passes (only the mandatory folding and DCE)")
     e.add_argument("--cast-to-float32", action="store_true",
                    help="export a float16/bfloat16 model in float32 (onert 0.1.0 runs no FLOAT16 tensor)")
-    e.add_argument("--quantize", choices=["int8-weights"], default=None,
+    e.add_argument("--quantize", choices=list(PRESETS), default=None,
                    help="int8-weights: linear weights int8, embedding tables uint8, one scale per row "
-                        "(activations stay float32; about 1%% error per layer in onert). --check then "
-                        "needs a larger --atol")
+                        "(activations stay float32; about 1%% error per layer in onert). q8_0 / q4_0: "
+                        "linear weights as GGML blocks of 32 (8.5 / 4.5 bits per weight; q4_0 also "
+                        "the embedding table). --check then needs a larger --atol")
     e.set_defaults(func=cmd_export)
 
     i = sub.add_parser("inspect", help="print a .circle file's operators, tensors and buffers")

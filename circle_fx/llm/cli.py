@@ -6,6 +6,7 @@ as for ``export`` (the example inputs are not needed: export_llm builds its own)
 from __future__ import annotations
 
 from ..errors import InputError
+from ..quant.config import PRESETS
 
 
 def cmd_export_llm(args) -> int:
@@ -22,7 +23,7 @@ def cmd_export_llm(args) -> int:
     model = result[0] if isinstance(result, (tuple, list)) else result
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"{args.model}() must return a model or (model, example_inputs), got {type(model).__name__}")
-    pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope)
+    pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=args.quantize)
     checked = _check(pkg, model, args.check) if args.check else None
     pkg.save(args.output)
     m = pkg.manifest
@@ -127,6 +128,8 @@ def add_commands(sub) -> None:
     e.add_argument("--prefill-len", type=int, default=None, help="prompt length of the prefill model "
                    "(default: max-seq-len; longer prompts continue through decode)")
     e.add_argument("--no-rope", action="store_true", help="keep RoPE decomposed in the decode model")
+    e.add_argument("--quantize", choices=list(PRESETS), default=None,
+                   help="weight quantization of both models (as circle-fx export --quantize)")
     e.add_argument("--check", type=int, nargs="?", const=16, default=0, metavar="N",
                    help="before writing, generate N (default 16) greedy tokens in onert and in transformers "
                         "and fail unless they are the same")

