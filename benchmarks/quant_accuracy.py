@@ -62,7 +62,7 @@ def _export(model, ids, mode: Mode):
 
     if mode.build is not None:
         return mode.build(model, ids)
-    program = circle_fx.capture(model, (ids,))
+    program = circle_fx.capture(model, (ids,), example_kwargs={"use_cache": False})
     return circle_fx.api.lower(program, **mode.export_kwargs), program
 
 
