@@ -65,3 +65,56 @@ def add_constant(gm: fx.GraphModule, tensor: torch.Tensor, hint: str) -> str:
         name = f"{base}_{counter[base]}"
     gm.register_buffer(name, tensor, persistent=False)
     return name
+
+
+class StackedTensor(torch.Tensor):
+    """Constant tensors concatenated along dim 0, without the copy: ``parts`` are kept and
+    only stacked when written (``emit`` turns this into a ``builder.Stacked`` buffer whose
+    parts the writer streams one after the other).
+
+    ``merge_linears`` stacks the q/k/v and gate/up weights of every layer; ``torch.cat`` of
+    them would hold a second copy of most of a model in memory while converting. Any torch
+    operation on it (an eager ``program.run``, folding, weight quantization) sees the
+    concatenated tensor, made on demand (``materialize``), so the graph stays runnable.
+    """
+
+    @staticmethod
+    def __new__(cls, parts):
+        parts = [p.detach() for p in parts]
+        shape = [sum(int(p.shape[0]) for p in parts), *parts[0].shape[1:]]
+        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=parts[0].dtype, device=parts[0].device)
+        t.parts = parts
+        return t
+
+    def __init__(self, parts):
+        super().__init__()
+
+    def materialize(self) -> torch.Tensor:
+        return torch.cat(self.parts, 0)
+
+    def empty_like(self) -> torch.Tensor:
+        """An uninitialised tensor of the same shape and dtype (pages untouched: no memory used),
+        from which a fake value for ``node.meta['val']`` can be made."""
+        return torch.empty(self.shape, dtype=self.dtype)
+
+    def __repr__(self) -> str:  # noqa: D105
+        return f"StackedTensor({list(self.shape)}, {self.dtype}, {len(self.parts)} parts)"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        aten = torch.ops.aten
+        this = args[0] if args else None
+        if isinstance(this, StackedTensor):  # the forms lowerings use keep the parts apart
+            if func in (aten.detach.default, aten.alias.default):
+                return StackedTensor(this.parts)
+            if func in (aten.view.default, aten._unsafe_view.default) and len(args) == 2:
+                shape = list(args[1])
+                if shape and shape[0] == this.shape[0] and -1 not in shape:  # rows kept: view each part
+                    return StackedTensor([p.reshape(p.shape[0], *shape[1:]) for p in this.parts])
+
+        def unwrap(x):
+            return x.materialize() if isinstance(x, StackedTensor) else x
+
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))

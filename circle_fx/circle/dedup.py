@@ -25,8 +25,8 @@ _SAMPLE = 256
 
 def _bytes(buf) -> np.ndarray | None:
     """A flat uint8 view (no copy for contiguous arrays and memoryviews), None when empty."""
-    if buf is None:
-        return None
+    if buf is None or not isinstance(buf, (np.ndarray, bytes, bytearray, memoryview)):
+        return None  # a lazily stacked weight (merged linears) is a fresh concatenation: not compared
     arr = np.asarray(buf)
     if arr.nbytes == 0:
         return None
@@ -35,7 +35,8 @@ def _bytes(buf) -> np.ndarray | None:
 
 def duplicates(buffers: Sequence) -> dict[int, int]:
     """``{index: index of the first buffer with the same bytes}`` for every buffer (numpy
-    array, bytes-like or None) whose bytes repeat an earlier one's; empty buffers never count."""
+    array, bytes-like or None) whose bytes repeat an earlier one's; empty buffers, and objects
+    that are neither (the writer's lazily stacked weights), never count."""
     views = [_bytes(b) for b in buffers]
     by_size: dict[int, list[int]] = defaultdict(list)
     for i, v in enumerate(views):

@@ -16,6 +16,26 @@ from ..circle.dedup import duplicate_bytes, duplicates
 from ..circle.schema import BO, NUMPY_TO_CIRCLE, QuantParams, op_name  # noqa: F401  (BO, op_name re-exported)
 
 
+class Stacked:
+    """A constant buffer made of arrays stacked along dim 0, never concatenated in memory:
+    the writer streams ``parts`` one after the other (``chunks``). What a
+    :class:`~circle_fx.program.StackedTensor` (merged linear weights) becomes when emitted.
+    ``np.asarray`` of it concatenates (a copy), for the rare reader that needs the values."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = [np.ascontiguousarray(p) for p in parts]
+        self.dtype = self.parts[0].dtype
+        self.shape = (sum(p.shape[0] for p in self.parts), *self.parts[0].shape[1:])
+        self.nbytes = sum(p.nbytes for p in self.parts)
+
+    def chunks(self) -> list[np.ndarray]:
+        return self.parts
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.concatenate(self.parts, 0)
+        return out if dtype is None else out.astype(dtype)
+
+
 @dataclass
 class TensorInfo:
     name: str
@@ -40,7 +60,7 @@ class OperatorInfo:
 class ModelBuilder:
     tensors: list[TensorInfo] = field(default_factory=list)
     #: buffer 0 is the mandatory empty sentinel; others hold numpy arrays
-    buffers: list[np.ndarray | None] = field(default_factory=lambda: [None])
+    buffers: list[np.ndarray | Stacked | None] = field(default_factory=lambda: [None])
     operators: list[OperatorInfo] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
@@ -71,7 +91,7 @@ class ModelBuilder:
     def add_buffer(self, array: np.ndarray, key=None) -> int:
         if key is not None and key in self._buffer_keys:
             return self._buffer_keys[key]
-        self.buffers.append(np.ascontiguousarray(array))
+        self.buffers.append(array if isinstance(array, Stacked) else np.ascontiguousarray(array))
         idx = len(self.buffers) - 1
         if key is not None:
             self._buffer_keys[key] = idx

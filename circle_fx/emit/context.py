@@ -17,9 +17,9 @@ from ..circle.schema import CIRCLE_TO_NUMPY, QuantParams
 from ..errors import UnsupportedOpError
 from ..fx_utils import dtype_of, val
 from ..meta import QUANT_META
-from ..program import Program, fetch_attr
+from ..program import Program, StackedTensor, fetch_attr
 from ..source import op_name, source_line
-from .builder import ModelBuilder
+from .builder import ModelBuilder, Stacked
 from .types import TORCH_TO_CIRCLE, circle_type, numpy_dtype, to_numpy
 
 
@@ -126,6 +126,10 @@ class LoweringContext(NodeInfo):
         return None
 
     def const_tensor(self, t: torch.Tensor, name: str, quantization: QuantParams | None = None) -> int:
+        if isinstance(t, StackedTensor):  # written part by part, never concatenated in memory
+            arr = Stacked([to_numpy(p, f"constant {name}") for p in t.parts])
+            buf = self.builder.add_buffer(arr)
+            return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
         arr = to_numpy(t, f"constant {name}")
         key = None
         if t.is_contiguous() and arr.nbytes > 256:

@@ -26,7 +26,7 @@ import numpy as np
 from circle_schema import circle
 
 from ..circle.schema import QuantParams, default_options, options_union
-from .builder import ModelBuilder
+from .builder import ModelBuilder, Stacked
 
 FLATBUFFER_LIMIT = 2**31 - 1
 #: headroom kept below the 2 GB limit for tables and strings when choosing the layout
@@ -54,7 +54,7 @@ class Serialized:
     def head(self) -> memoryview:
         """The complete flatbuffer (inline weights filled in; one copy, done on first use)."""
         for off, arr in self.holes:
-            self.flatbuffer[off: off + arr.nbytes] = _bytes_view(arr)
+            _put(self.flatbuffer, off, arr)
         self.holes = []
         return self.flatbuffer
 
@@ -74,14 +74,16 @@ class Serialized:
         pos = 0
         for off, arr in self.holes:
             f.write(self.flatbuffer[pos:off])
-            f.write(_bytes_view(arr))
+            for view in _chunks(arr):
+                f.write(view)
             pos = off + arr.nbytes
         f.write(self.flatbuffer[pos:])
         pos = len(self.flatbuffer)
         for off, arr in self.segments:
             if off > pos:
                 f.write(b"\0" * (off - pos))
-            f.write(_bytes_view(arr))
+            for view in _chunks(arr):
+                f.write(view)
             pos = off + arr.nbytes
 
     def to_bytes(self) -> bytes:
@@ -90,13 +92,25 @@ class Serialized:
         out = bytearray(self.size)
         out[: len(self.flatbuffer)] = self.flatbuffer
         for off, arr in self.holes + self.segments:
-            out[off: off + arr.nbytes] = _bytes_view(arr)
+            _put(out, off, arr)
         return bytes(out)
 
 
 def _bytes_view(arr: np.ndarray) -> memoryview:
     arr = np.ascontiguousarray(arr)
     return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _chunks(arr) -> list[memoryview]:
+    """The bytes of a buffer as views, in order: one for an array, one per part of a
+    :class:`~circle_fx.emit.builder.Stacked` (streamed without concatenating)."""
+    return [_bytes_view(p) for p in arr.chunks()] if isinstance(arr, Stacked) else [_bytes_view(arr)]
+
+
+def _put(dst, off: int, arr) -> None:
+    for view in _chunks(arr):
+        dst[off: off + len(view)] = view
+        off += len(view)
 
 
 class _Prebuilt:
@@ -269,7 +283,7 @@ def _vector(b: flatbuffers.Builder, arr: np.ndarray, pending: list | None = None
     if pending is not None and n >= _HOLE_MIN_BYTES:
         pending.append((len(b.Bytes) - b.head, arr))
     else:
-        b.Bytes[b.head: b.head + n] = _bytes_view(arr)
+        _put(b.Bytes, b.head, arr)
     return b.EndVector()
 
 

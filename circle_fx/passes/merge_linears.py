@@ -23,7 +23,10 @@ the output dim, at compile time), before the emitter chooses the op form or quan
   must be equal across a group, and is carried over to the merged nodes; members with
   different markers are left alone.
 
-Turn it off with ``pipeline.remove_pass("merge_linears")``. O(nodes + merged weight bytes).
+The merged weight is a :class:`~circle_fx.program.StackedTensor`: the members' weights are
+kept as they are and only stacked when the file is written (no copy of the weights in memory).
+
+Turn it off with ``pipeline.remove_pass("merge_linears")``. O(nodes + merged bias bytes).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import torch.fx as fx
 from ..circle.schema import QuantParams
 from ..meta import QUANT_META
 from ..fx_utils import arguments, dtype_of, fake_mode_of, make_node, static_shape
-from ..program import add_constant, fetch_attr
+from ..program import StackedTensor, add_constant, fetch_attr
 from .base import Pass
 
 aten = torch.ops.aten
@@ -130,7 +133,8 @@ class MergeLinears(Pass):
         sizes = [int(t.shape[0]) for t in weights]
         hint = "_".join(w.target.replace(".", "_") for _, w, _ in members[:1]) + f"_merged{len(members)}"
         with g.inserting_before(first):
-            w_node = _constant(g, gm, torch.cat(weights, 0), hint, [w for _, w, _ in members])
+            # stacked lazily: the writer streams the parts, no second copy of the weights in memory
+            w_node = _constant(g, gm, StackedTensor(weights), hint, [w for _, w, _ in members])
             args = (x, w_node)
             if b0 is not None:
                 biases = [fetch_attr(gm, b.target).detach() for _, _, b in members]
@@ -154,7 +158,9 @@ class MergeLinears(Pass):
 
 def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, parts: list) -> fx.Node:
     """The stacked constant, carrying the members' markers and their merged quantization."""
-    node = g.get_attr(add_constant(gm, tensor.contiguous(), hint))
+    if not isinstance(tensor, StackedTensor):
+        tensor = tensor.contiguous()
+    node = g.get_attr(add_constant(gm, tensor, hint))
     names = gm.meta.setdefault("circle_fx.constant_names", {})  # provenance, for messages and skip lists
     names[node.target] = "+".join(names.get(p.target, p.target) for p in parts)
     node.meta.update({k: v for k, v in markers(parts[0]).items() if k != QUANT_META})
@@ -162,5 +168,6 @@ def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, 
     if quant is not None:
         node.meta[QUANT_META] = quant
     mode = fake_mode_of(g)  # a fake value with static dims, like the captured weights'
-    node.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
+    like = tensor.empty_like() if isinstance(tensor, StackedTensor) else tensor
+    node.meta["val"] = mode.from_tensor(like, static_shapes=True) if mode is not None else like
     return node
