@@ -4,7 +4,7 @@
     cm = circle_fx.export(model, (input_ids,))
     cm.save("model.circle"); print(cm.summary()); cm.run(input_ids)
 """
-from . import ops  # noqa: F401  (registers torch.ops.circle.*)
+from . import fusions  # noqa: F401  (registers the fusion families and their ops, torch.ops.circle.*)
 from . import ops_nhwc  # noqa: F401  (registers torch.ops.circle.*_nhwc)
 from .api import capture, export, lower
 from .errors import (CaptureError, CircleFxError, InputError, OutputError, PassError, RuntimeFailure,

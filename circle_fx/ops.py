@@ -1,56 +1,25 @@
-"""Torch custom ops for Circle-only operators (``torch.ops.circle.*``).
+"""Torch custom ops for Circle-only operators (``torch.ops.circle.*``): how they are defined.
 
-Fusion passes replace decomposed subgraphs by these ops. Each has a real eager kernel
-and a fake (meta) kernel, so a fused FX graph still runs in PyTorch and can be compared
-numerically with the graph it came from, and shape propagation keeps working.
+Each op is defined by its owner (a fusion family defines the op its rules produce, the
+quantizer its quantized ops) with :func:`define`: a schema, a real eager kernel and a fake
+(meta) kernel, so a fused FX graph still runs in PyTorch, can be compared numerically with
+the graph it came from, and shape propagation keeps working.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable
 
 import torch
 
-_lib = torch.library.Library("circle", "DEF")  # noqa: keep a reference for the process lifetime
-_lib.define("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor")
-_lib.define("rope(Tensor x, Tensor sin, Tensor cos) -> Tensor")
+NAMESPACE = "circle"
+_lib = torch.library.Library(NAMESPACE, "FRAGMENT")  # noqa: keep a reference for the process lifetime
 
 
-def _rms_norm_eager(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, computed in at least float32, returned in ``x.dtype``.
-
-    Accumulating in float32 is what every real spelling does (Llama, Gemma, T5 cast up
-    before the reduction), so doing it here keeps fused half-precision graphs faithful.
-    """
-    compute = torch.promote_types(x.dtype, torch.float32)
-    xf = x.to(compute)
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.to(compute)
-    return y.to(x.dtype)
-
-
-def _rms_norm_fake(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-_lib.impl("rms_norm", _rms_norm_eager, "CompositeExplicitAutograd")
-torch.library.register_fake("circle::rms_norm", _rms_norm_fake, lib=_lib)
-
-rms_norm = torch.ops.circle.rms_norm.default
-
-
-def _rope_eager(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
-    """GPT-NeoX rotation (transformers' ``rotate_half``) in Circle ROPE's argument order (x, sin, cos)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-def _rope_fake(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-_lib.impl("rope", _rope_eager, "CompositeExplicitAutograd")
-torch.library.register_fake("circle::rope", _rope_fake, lib=_lib)
-
-rope = torch.ops.circle.rope.default
+def define(schema: str, eager: Callable, fake: Callable):
+    """Define ``torch.ops.circle.<name>`` from ``schema`` (``"name(Tensor x, ...) -> Tensor"``)
+    with its eager and fake kernels; returns the op's default overload."""
+    name = schema.split("(", 1)[0].strip()
+    _lib.define(schema)
+    _lib.impl(name, eager, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_lib)
+    return getattr(torch.ops.circle, name).default

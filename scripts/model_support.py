@@ -245,7 +245,7 @@ def markdown(rows: list[dict]) -> str:
         "   `&` / `|` of 0/1 flags (logical ops), negative pads.",
         "3. **New lowerings**: `constant_pad_nd` -> PAD / PADV2 (`emit/lowerings/pad.py`); integer / bool",
         "   `where` without SELECT_V2 (onert's runs float only); constant `unbind` / `split` fold per result.",
-        "4. **Norm spellings** (`passes/canonicalize_norms.py`): `mean(-1)[..., None]`, `vector_norm * D**-0.5`...",
+        "4. **Norm spellings** (`fusions/_rms_norm_spellings.py`, the RMSNorm family's canonical rules): `mean(-1)[..., None]`, `vector_norm * D**-0.5`...",
         "   are brought to the form the RMSNorm fusion matches.",
         "5. **onert's limits** (`circle/limits.py`, measured in `docs/onert-findings.md`): BATCH_MATMUL and",
         "   reductions run at rank <= 4, comparisons and broadcasting SELECT_V2 are silently wrong above",

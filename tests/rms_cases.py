@@ -16,7 +16,7 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 
 import circle_fx
-from circle_fx.ops import rms_norm
+from circle_fx.fusions.rms_norm import rms_norm
 from circle_fx.passes import default_pipeline, finalize_pipeline, run_passes
 
 SQUARES = ("pow", "pow_float", "mul", "square")

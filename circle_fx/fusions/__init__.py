@@ -1,11 +1,19 @@
 """Fusion families (one module each) and their registry (:mod:`.registry`).
 
-Built-in families are imported here, eagerly, so importing :mod:`circle_fx.fusions`
-registers them; a user family is registered the same way (``register_family``).
+Every public module in this folder is a family and is imported here (``pkgutil``, sorted by
+name: the order their fuse passes run in), so importing :mod:`circle_fx.fusions` registers
+them all and a new family needs no hand-edited import list; ``_``-prefixed modules are a
+family's helpers. A user family is registered the same way (``register_family``).
 """
-from .registry import Candidate, FusionFamily, composite_rules, families, get_family, register_family, unregister_family
-from . import rms_norm  # noqa: F401  (registers the RMSNorm family)
-from . import rope  # noqa: F401  (registers the RoPE family: circle.rope -> ROPE, single position only)
+import importlib
+import pkgutil
 
-__all__ = ["Candidate", "FusionFamily", "composite_rules", "families", "get_family", "register_family",
-           "unregister_family"]
+from .registry import (Candidate, FusionFamily, canonical_rules, composite_rules, families, get_family,
+                       register_family, unregister_family)
+
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if not _m.startswith("_") and _m != "registry":
+        importlib.import_module(f"{__name__}.{_m}")
+
+__all__ = ["Candidate", "FusionFamily", "canonical_rules", "composite_rules", "families", "get_family",
+           "register_family", "unregister_family"]

@@ -1,8 +1,9 @@
 """The fusion-family registry: everything one kind of fusion owns, in one record.
 
 A :class:`FusionFamily` bundles what used to be spread over the passes, ``explain`` and
-the decompose step: the rewrite rules (pattern + checks + replacement), the custom op they
-produce, the composite aten ops that map straight onto that op (``aten.rms_norm`` ->
+the decompose and canonicalize steps: the rewrite rules (pattern + checks + replacement), the custom op they
+produce (each family module defines its op with :func:`circle_fx.ops.define`), the
+canonicalizing rules for other spellings, the composite aten ops that map straight onto that op (``aten.rms_norm`` ->
 ``circle.rms_norm``), and the *candidate* hints ``explain`` uses to find subgraphs that
 look like the family but did not fuse. ``default_pipeline()``, the decompose pass and
 ``explain`` iterate :func:`families`, so adding a family is one new module that calls
@@ -52,6 +53,9 @@ class FusionFamily:
     #: composite aten op -> rewrite into ``op`` (or primitives); run by the decompose pass
     composites: dict = field(default_factory=dict)
     candidates: Sequence[Candidate] = ()
+    #: canonicalizing rules ``(node, graph) -> replacement | None`` that bring other spellings
+    #: to the form the rules match; the canonicalize pass runs every family's
+    canonical: Sequence[Callable] = ()
     #: what ``explain`` says when no rule is rooted near a candidate
     no_rule_hint: str = ""
     #: how messages name the family ("RMSNorm"); default: ``name``
@@ -93,6 +97,11 @@ def get_family(name: str) -> FusionFamily:
         return _FAMILIES[name]
     except KeyError:
         raise KeyError(f"no fusion family {name!r}; registered: {list(_FAMILIES)}") from None
+
+
+def canonical_rules() -> list:
+    """Every family's canonicalizing rules, in registration order."""
+    return [rule for f in _FAMILIES.values() for rule in f.canonical]
 
 
 def composite_rules() -> dict:

@@ -22,24 +22,53 @@ duplicate casts merged); what remains are genuinely different associations of th
 too (:func:`aten_rms_norm_to_circle`, run by the decompose pass), so the one place that
 knows what ``circle.rms_norm`` means is this file.
 
+The family owns its op (``circle.rms_norm``: schema, eager and fake kernel, below) and the
+canonicalizing rules that bring other spellings of the statistics to the form its patterns
+read (:mod:`._rms_norm_spellings`, run by the canonicalize pass); its lowering is
+``circle_fx/emit/lowerings/norm.py``.
+
 Everything the graph shape cannot express is a named check with a message for ``explain``;
 the ``CANDIDATES`` at the end tell ``explain`` what an unfused RMSNorm looks like.
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.fx as fx
 
 from ..fx_utils import CAST_OPS, arguments, dtype_of, look_through, make_node, shape_of, strip_casts
-from ..ops import rms_norm
+from ..ops import define
 from ..patterns.matcher import Match
 from ..patterns.pattern import Pattern, optional_cast
 from ..patterns.rewrite import Rewrite
 from ..program import fetch_attr
 from ..source import describe
+from ._rms_norm_spellings import RULES as SPELLINGS
 from .registry import Candidate, FusionFamily, register_family
+
+
+def rms_norm_eager(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in at least float32, returned in ``x.dtype``.
+
+    Accumulating in float32 is what every real spelling does (Llama, Gemma, T5 cast up
+    before the reduction), so doing it here keeps fused half-precision graphs faithful.
+    """
+    compute = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(compute)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(compute)
+    return y.to(x.dtype)
+
+
+def _rms_norm_fake(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+#: ``torch.ops.circle.rms_norm.default``
+rms_norm = define("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor", rms_norm_eager, _rms_norm_fake)
 
 aten = torch.ops.aten
 
@@ -322,5 +351,5 @@ CANDIDATES = (
 
 FAMILY = register_family(FusionFamily(
     "rms_norm", RULES, op=rms_norm, composites={aten.rms_norm.default: aten_rms_norm_to_circle},
-    candidates=CANDIDATES, title="RMSNorm",
+    candidates=CANDIDATES, canonical=SPELLINGS, title="RMSNorm",
     no_rule_hint="no RMSNorm rule is rooted near it (nothing multiplies the input by its rsqrt scale)"))

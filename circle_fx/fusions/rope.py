@@ -18,10 +18,25 @@ import math
 import torch
 
 from ..fx_utils import dtype_of, make_node, shape_of
-from ..ops import rope
+from ..ops import define
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
 from .registry import FusionFamily, register_family
+
+
+def _rope_eager(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX rotation (transformers' ``rotate_half``) in Circle ROPE's argument order (x, sin, cos)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _rope_fake(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+#: ``torch.ops.circle.rope.default`` (lowered by ``circle_fx/emit/lowerings/rope.py``)
+rope = define("rope(Tensor x, Tensor sin, Tensor cos) -> Tensor", _rope_eager, _rope_fake)
 
 aten = torch.ops.aten
 

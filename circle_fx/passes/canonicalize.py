@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ..fx_utils import (CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_float, is_noop, keep_if_like, look_through,
                        make_node, number, scaled_operand, shape_of)
+from ..fusions.registry import canonical_rules
 from .base import Pass
 
 aten = torch.ops.aten
@@ -124,10 +125,13 @@ def merge_duplicate_casts(n, g):
     return None
 
 
-from .canonicalize_norms import RULES as NORM_RULES  # noqa: E402  (spellings of norm statistics)
+#: the generic rules; each fusion family adds its own spellings (``FusionFamily.canonical``)
+RULES: list[Rule] = [square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt, reduction_dtype_to_cast, sum_to_mean]
 
-RULES: list[Rule] = [merge_duplicate_casts, *NORM_RULES, square_to_pow, multiply_by_one, reciprocal_sqrt, divide_by_sqrt,
-                     reduction_dtype_to_cast, sum_to_mean]
+
+def default_rules() -> list[Rule]:
+    """Duplicate casts merged first, then the registered families' spellings, then :data:`RULES`."""
+    return [merge_duplicate_casts, *canonical_rules(), *RULES]
 
 
 class Canonicalize(Pass):
@@ -137,7 +141,7 @@ class Canonicalize(Pass):
 
     def __init__(self, rules: list[Rule] | None = None):
         super().__init__()
-        self.rules = list(RULES if rules is None else rules)
+        self.rules = default_rules() if rules is None else list(rules)
 
     def run(self, program) -> bool:
         g = program.gm.graph

@@ -50,7 +50,7 @@ from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, Quantiz
 
 from ..errors import InputError
 from ..fx_utils import CAST_OPS, IDENTITY_OPS, SIDE_EFFECT_ONLY, is_noop
-from ..ops import rms_norm
+from ..fusions.rms_norm import rms_norm
 from ..program import Program
 
 aten = torch.ops.aten

@@ -34,7 +34,7 @@ from ..circle.schema import QuantParams
 from ..errors import InputError
 from ..fx_utils import fake_mode_of, make_node
 from ..meta import DEQUANTIZED_FROM, QUANT_META
-from ..ops import rms_norm
+from ..fusions.rms_norm import rms_norm
 from ..program import add_constant, fetch_attr
 from ..passes.base import Pass
 from . import qops

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..ops import _rms_norm_eager
+from ..fusions.rms_norm import rms_norm_eager
 
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
 _lib.define("q_linear(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
@@ -54,7 +54,7 @@ def _q_binary(fn):
 
 
 def _q_rms_norm(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
-    y = _rms_norm_eager(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), eps)
+    y = rms_norm_eager(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), eps)
     return quantize(y, out_scale, out_zp, x.dtype)
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import circle_fx
-from circle_fx.ops import rms_norm
+from circle_fx.fusions.rms_norm import rms_norm
 from circle_fx.passes import default_pipeline, run_passes
 
 

@@ -83,7 +83,29 @@ def test_builtin_rms_norm_family_owns_its_op_mapping_and_hints():
     assert rms.op is torch.ops.circle.rms_norm.default
     assert aten.rms_norm.default in rms.composites
     assert rms.candidates and rms.pass_name == "fuse_rms_norm"
-    assert [f.name for f in families()] == ["rms_norm", "rope"]
+    assert rms.canonical, "RMSNorm's spelling rules belong to its family"
+
+
+def test_every_public_fusions_module_registers_one_family():
+    """No hand-kept list: each public file in circle_fx/fusions is a family, found by pkgutil."""
+    import pathlib
+
+    folder = pathlib.Path(circle_fx.__file__).parent / "fusions"
+    names = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "registry"}
+    owners = {importlib.import_module(f.rules[0].replace.__module__).__name__.rsplit(".", 1)[1]
+              for f in families() if f.rules}
+    assert names and owners == names, names ^ owners
+
+
+def test_every_family_op_is_lowered_and_runs_in_eager():
+    """A family's op has a lowering; a ``circle`` op is defined by its family module with an
+    eager kernel (an aten op, as GELU's, has torch's own)."""
+    from circle_fx.emit.registry import lowering_for
+
+    for f in families():
+        assert f.op is not None and lowering_for(f.op) is not None, f"{f.name}: {f.op} has no lowering"
+        if f.op.namespace == "circle":
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f.op.name(), "CompositeExplicitAutograd"), f.name
 
 
 def _code_without_docs(module) -> str:
@@ -107,8 +129,9 @@ def test_explain_has_no_rms_norm_constants():
 
 def test_registered_family_gets_its_fuse_pass(gelu_family):
     names = circle_fx.default_pipeline().names()
-    assert names == ["decompose", "canonicalize", "fold_constants", "dce", "fuse_rms_norm", "fuse_rope", "fuse_gelu_erf",
-                     "merge_linears", "fold_views", "dce"]
+    fuse = [f"fuse_{f.name}" for f in families()]
+    assert fuse[-1] == "fuse_gelu_erf"
+    assert names == ["decompose", "canonicalize", "fold_constants", "dce", *fuse, "merge_linears", "fold_views", "dce"]
 
 
 def test_unregistered_family_leaves_the_pipeline():

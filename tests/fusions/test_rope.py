@@ -60,7 +60,7 @@ def test_family_is_registered_and_removable():
 def test_circle_rope_with_several_positions_is_refused():
     """Called directly (the fusion never does this), circle.rope with a table of several
     positions would be silently wrong in onert: the lowering refuses it."""
-    from circle_fx.ops import rope
+    from circle_fx.fusions.rope import rope
 
     class Direct(torch.nn.Module):
         def forward(self, x, s, c):

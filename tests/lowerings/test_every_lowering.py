@@ -21,7 +21,8 @@ from circle_fx.emit.registry import LOWERINGS, builtin_targets
 from circle_fx.quant.lowerings import static
 from circle_fx.emit.writer import serialize
 from circle_fx.model import CircleModel, ExportReport
-from circle_fx.ops import rms_norm, rope
+from circle_fx.fusions.rms_norm import rms_norm
+from circle_fx.fusions.rope import rope
 from circle_fx.ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from circle_fx.quant.ops import embedding_ggml, embedding_w8, linear_ggml, linear_w8
 from circle_fx.source import op_name

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import rms_norm
+from ...fusions.rms_norm import rms_norm
 from ..registry import lowering
 from ..types import numpy_dtype
 from ._common import BO, operand, options

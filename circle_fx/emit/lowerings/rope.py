@@ -7,7 +7,7 @@ op for single-position tables (see circle_fx/fusions/rope.py), so reshaping them
 """
 from __future__ import annotations
 
-from ...ops import rope
+from ...fusions.rope import rope
 from ..registry import lowering
 from ._common import BO, operand, options
 

@@ -1,4 +1,4 @@
-"""Canonicalization rules for the ways people spell a norm's statistics.
+"""RMSNorm's canonicalization rules: the ways people spell a norm's statistics.
 
 They bring other spellings to the ``mean(x**2, dims, keepdim=True)`` form the RMSNorm
 patterns look for, so the pattern file does not grow one rule per spelling:
