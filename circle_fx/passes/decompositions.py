@@ -138,7 +138,7 @@ def var(x, dim=None, *, correction=None, keepdim=False):
 
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     """The 2-norm of a real float tensor as ``sqrt(sum(x**2))``, the form the norm
-    canonicalization (``canonicalize_norms``) reads; other norms: torch's own table."""
+    canonicalization (the RMSNorm family's spellings) reads; other norms: torch's own table."""
     if ord != 2 or dtype is not None or not x.is_floating_point():
         return NotImplemented
     dims = list(range(x.dim())) if dim is None else list(dim)
