@@ -1,6 +1,8 @@
 """``circle-fx export-llm`` and ``circle-fx generate`` (registered by ``circle_fx.cli``).
 
-``export-llm MODULE:FACTORY``: ``FACTORY()`` returns the causal LM, or ``(model, anything)``
+``export-llm PATH``: a ``save_pretrained`` directory or a ``.gguf`` file (read by
+transformers as float32, :mod:`circle_fx.llm.checkpoint`; its tokenizer goes into the
+package), or ``MODULE:FACTORY``: ``FACTORY()`` returns the causal LM, or ``(model, anything)``
 as for ``export`` (the example inputs are not needed: export_llm builds its own).
 """
 from __future__ import annotations
@@ -9,26 +11,41 @@ from ..errors import InputError
 from ..quant.config import PRESETS
 
 
-def cmd_export_llm(args) -> int:
+def _load(spec: str):
+    """``(model, tokenizer)`` from a checkpoint path or ``MODULE:FACTORY``."""
     import torch
 
     from ..factory import load_factory
-    from .export import export_llm
+    from .checkpoint import is_checkpoint, load_checkpoint
 
-    factory = load_factory(args.model)
+    if is_checkpoint(spec):
+        return load_checkpoint(spec)
+    factory = load_factory(spec)
     try:
         result = factory()
     except Exception as e:
-        raise InputError(f"{args.model}() raised {type(e).__name__}: {e}") from e
+        raise InputError(f"{spec}() raised {type(e).__name__}: {e}") from e
     model = result[0] if isinstance(result, (tuple, list)) else result
     if not isinstance(model, torch.nn.Module):
-        raise InputError(f"{args.model}() must return a model or (model, example_inputs), got {type(model).__name__}")
-    pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=args.quantize)
+        raise InputError(f"{spec}() must return a model or (model, example_inputs), got {type(model).__name__}")
+    return model, "auto"
+
+
+def cmd_export_llm(args) -> int:
+    from .export import export_llm
+
+    model, tokenizer = _load(args.model)
+    if args.tokenizer:
+        tokenizer = args.tokenizer
+    pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=args.quantize,
+                     tokenizer=tokenizer)
     checked = _check(pkg, model, args.check) if args.check else None
     pkg.save(args.output)
     m = pkg.manifest
+    text = "tokenizer + chat template" if (m.get("text") or {}).get("chat_template") else \
+        "tokenizer" if (m.get("text") or {}).get("tokenizer") else "no tokenizer (ids only)"
     print(f"wrote {args.output}: prefill.circle ({pkg.prefill.size:,} bytes), decode.circle "
-          f"({pkg.decode.size:,} bytes), manifest.json; max_seq_len {m['max_seq_len']}, "
+          f"({pkg.decode.size:,} bytes), manifest.json, {text}; max_seq_len {m['max_seq_len']}, "
           f"prefill_len {m['prefill_len']}, {m['model']['num_layers']} layers, "
           f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}")
     if checked:
@@ -122,11 +139,14 @@ def cmd_generate(args) -> int:
 
 def add_commands(sub) -> None:
     e = sub.add_parser("export-llm", help="export a transformers causal LM as prefill + KV-cache decode models")
-    e.add_argument("model", metavar="MODEL", help="MODULE:FACTORY returning the model (or (model, inputs))")
+    e.add_argument("model", metavar="MODEL", help="a save_pretrained checkpoint directory, a .gguf file, or "
+                   "MODULE:FACTORY returning the model (or (model, inputs))")
     e.add_argument("-o", "--output", required=True, help="output directory (created)")
-    e.add_argument("--max-seq-len", type=int, required=True, help="KV cache positions per layer")
+    e.add_argument("--max-seq-len", type=int, default=512, help="KV cache positions per layer (default 512)")
     e.add_argument("--prefill-len", type=int, default=None, help="prompt length of the prefill model "
                    "(default: max-seq-len; longer prompts continue through decode)")
+    e.add_argument("--tokenizer", default=None, help="tokenizer.json or a directory with one (default: the "
+                   "checkpoint's own)")
     e.add_argument("--no-rope", action="store_true", help="keep RoPE decomposed in the decode model")
     e.add_argument("--quantize", choices=list(PRESETS), default=None,
                    help="weight quantization of both models (as circle-fx export --quantize)")
