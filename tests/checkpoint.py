@@ -54,6 +54,22 @@ def load_model():
     return model.eval()
 
 
+def logits_model():
+    """:func:`load_model` as ``ids [1, S] -> logits [1, S, V]`` without a cache: one tensor out,
+    what ``torch.export``, PT2E and onert want."""
+    import torch
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, use_cache=False).logits
+
+    return Logits(load_model()).eval()
+
+
 @functools.lru_cache(maxsize=1)
 def load_tokenizer():
     from transformers import AutoTokenizer

@@ -40,6 +40,7 @@ Ops whose inputs are all constants are not annotated (constant folding removes t
 """
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,9 @@ class PercentileObserver(MinMaxObserver):
         return x_orig
 
 
+#: module-path globs :class:`CircleQuantizer` keeps float unless told otherwise (its docstring says why)
+DEFAULT_SKIP = ("*mlp.down_proj",)
+
 #: ``activation_observer`` names -> observer classes (see the module docstring)
 OBSERVERS = {"minmax": MinMaxObserver, "percentile": PercentileObserver, "mse": HistogramObserver}
 
@@ -117,14 +121,21 @@ class CircleQuantizer(Quantizer):
     - ``per_channel_weights``: one scale per output row of each linear weight. onert 0.1.0's
       integer FULLY_CONNECTED is per tensor only, so there such a linear becomes a float
       island (dequantized weight, float FC); for NPU compilers that run per-channel FC.
+    - ``skip``: ``fnmatch`` globs of module paths (``model.layers.0.mlp.down_proj``, from
+      ``torch.export``'s ``nn_module_stack``) whose linears stay float. Default
+      :data:`DEFAULT_SKIP`: the gated MLP's output projection, whose input (``silu(gate) *
+      up``) and output (written straight into the residual stream) carry a trained LLM's
+      massive activations; measured on SmolLM2-135M (``benchmarks/pt2e_accuracy.py``), it
+      alone accounts for most of the loss. ``skip=()`` quantizes every linear.
     - ``activation`` / ``weight``: explicit :class:`QuantizationSpec` overrides (the onert
       target needs uint8 per tensor for integer kernels; anything else is a float island).
     """
 
     def __init__(self, activation: QuantizationSpec | None = None, weight: QuantizationSpec | None = None, *,
                  activation_observer: str = "minmax", quantize_elementwise: bool = False,
-                 per_channel_weights: bool = False):
+                 per_channel_weights: bool = False, skip: tuple[str, ...] = None):
         super().__init__()
+        self.skip = tuple(DEFAULT_SKIP if skip is None else ((skip,) if isinstance(skip, str) else skip))
         if activation_observer not in OBSERVERS:
             raise InputError(f"CircleQuantizer(activation_observer={activation_observer!r}): expected one of "
                              f"{', '.join(map(repr, OBSERVERS))}")
@@ -142,7 +153,7 @@ class CircleQuantizer(Quantizer):
                 continue
             if n.target is aten.linear.default:
                 x, w = n.args[0], n.args[1]
-                if x in constant or not _is_float(x) or not _is_float(w):
+                if x in constant or not _is_float(x) or not _is_float(w) or self._skipped(n):
                     continue
                 self._annotate(n, {x: self.activation, w: self.weight}, self.activation)
             elif n.target is aten.embedding.default:
@@ -158,6 +169,11 @@ class CircleQuantizer(Quantizer):
                     continue
                 self._annotate(n, {a: self.activation, b: self.activation}, self.activation)
         return model
+
+    def _skipped(self, node: fx.Node) -> bool:
+        stack = node.meta.get("nn_module_stack") or {}
+        paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v]
+        return bool(paths) and any(fnmatch.fnmatchcase(paths[-1], pat) for pat in self.skip)
 
     def _table_spec(self) -> QuantizationSpec:
         """An embedding table is per tensor (its rows come out sharing its one scale)."""

@@ -1,0 +1,89 @@
+"""Static (PT2E) quantization accuracy on a real trained checkpoint: SmolLM2-135M-Instruct.
+
+    python benchmarks/pt2e_accuracy.py                  # 512 tokens, every variant, onert for the default
+    python benchmarks/pt2e_accuracy.py --tokens 256 --no-onert
+
+Evaluation text: 512 tokens of ``pydoc_data.topics["execmodel"]``; calibration: the four other
+topics of ``tests/checkpoint.py`` (never the evaluation text). Each row is one
+``CircleQuantizer`` configuration: perplexity and top-1 agreement with float eager of the
+fake-quantized torch model (``convert_pt2e``); for the rows marked ``onert`` the same model is
+exported with ``quant_target="onert"`` and run in onert, and its top-1 agreement with the
+fake-quant reference is reported too (the file must compute what the reference computes).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+#: (label, CircleQuantizer keyword arguments, run in onert too)
+VARIANTS = [
+    ("all-integer (quantize_elementwise, skip=())", dict(quantize_elementwise=True, skip=()), False),
+    ("linears only, skip=(), minmax", dict(skip=()), False),
+    ("default: minmax, skip down_proj", dict(), True),
+    ("percentile, skip down_proj", dict(activation_observer="percentile"), False),
+    ("mse (histogram), skip down_proj", dict(activation_observer="mse"), False),
+    ("per-channel weights, skip down_proj", dict(per_channel_weights=True), False),
+]
+
+
+def quantize(gm, calibration, **kwargs):
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    import torch
+
+    from circle_fx.quant import CircleQuantizer
+
+    prepared = prepare_pt2e(copy.deepcopy(gm), CircleQuantizer(**kwargs))
+    with torch.no_grad():
+        for ids in calibration:
+            prepared(ids)
+    return convert_pt2e(prepared)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--no-onert", action="store_true", help="fake-quant rows only")
+    ap.add_argument("--only", default=None, help="run only variants whose label contains this")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    import torch
+
+    import checkpoint as ck
+    import circle_fx
+
+    model = ck.logits_model()
+    ev, cal = ck.eval_ids(args.tokens), ck.calibration_ids(args.tokens)
+    with torch.no_grad():
+        ref = model(ev)
+    gm = torch.export.export(model, (ev,), strict=False).module()
+    print(f"SmolLM2-135M-Instruct, {args.tokens} tokens of execmodel, calibration {len(cal)} x {args.tokens} tokens")
+    print()
+    print("| variant | ppl (fake-quant torch) | top-1 vs float | ppl in onert | onert top-1 vs fake-quant | time |")
+    print("|---|---|---|---|---|---|")
+    print(f"| float32 eager | {ck.perplexity(ref, ev):.2f} | 1.000 | | | |", flush=True)
+    for label, kwargs, onert in VARIANTS:
+        if args.only and args.only not in label:
+            continue
+        t = time.perf_counter()
+        q = quantize(gm, cal, **kwargs)
+        with torch.no_grad():
+            fq = q(ev)
+        cells = [f"{ck.perplexity(fq, ev):.2f}", f"{ck.top1_agreement(fq.numpy(), ref.numpy()):.3f}", "", ""]
+        if onert and not args.no_onert:
+            cm = circle_fx.export(q, (ev,), quant_target="onert")
+            (logits,) = cm.run(ev.numpy())
+            cells[2:] = [f"{ck.perplexity(logits, ev):.2f}", f"{ck.top1_agreement(logits, fq.numpy()):.3f}"]
+        print(f"| {label} | {' | '.join(cells)} | {time.perf_counter() - t:.0f} s |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
