@@ -15,10 +15,10 @@ def quantize_pt2e(model, example, calibration, quantizer=None):
     """``torch.export`` -> ``prepare_pt2e`` -> run ``calibration`` -> ``convert_pt2e``.
 
     Default quantizer: the all-integer scheme (``quantize_elementwise=True``: add, mul and
-    RMSNorm units too), which the structural tests check op by op; LLM accuracy uses the
-    default ``CircleQuantizer()`` (tests/quant/test_pt2e_accuracy.py)."""
+    RMSNorm units too; ``skip=()``: every linear), which the structural tests check op by op;
+    LLM accuracy uses the default ``CircleQuantizer()`` (benchmarks/pt2e_accuracy.py)."""
     gm = torch.export.export(model.eval(), example).module()
-    prepared = torchao_pt2e.prepare_pt2e(gm, quantizer or CircleQuantizer(quantize_elementwise=True))
+    prepared = torchao_pt2e.prepare_pt2e(gm, quantizer or CircleQuantizer(quantize_elementwise=True, skip=()))
     with torch.no_grad():
         for batch in calibration:
             prepared(*batch)
