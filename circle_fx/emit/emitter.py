@@ -10,7 +10,8 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..errors import CircleFxError, UnsupportedDtypeError, UnsupportedOpError
+from ..errors import CircleFxError, PassError, UnsupportedDtypeError, UnsupportedOpError
+from ..fx_utils import is_noop
 from ..program import Program
 from ..source import op_name, source_line
 from ..transformers_compat import remedies
@@ -20,6 +21,17 @@ from .legalize import legalize
 from .legalize.peephole import META_KEY as PEEPHOLE_KEY
 from .registry import lowering_for, refusal
 from .types import TORCH_TO_CIRCLE
+
+
+def check_contract(program: Program) -> None:
+    """``emit``'s input contract: a canonicalized graph (``finalize_pipeline`` ends every
+    pipeline with Canonicalize), so no no-op (a clone, a same-dtype cast...) is left for a
+    lowering; an identity would cost onert a copy."""
+    left = [n for n in program.gm.graph.nodes if is_noop(n)]
+    if left:
+        raise PassError("emit takes a canonicalized program (run the passes, or at least "
+                        "circle_fx.passes.finalize_pipeline(), first); no-ops left: "
+                        + ", ".join(f"%{n.name} ({op_name(n.target)}) at {source_line(n)}" for n in left[:10]))
 
 
 def check_supported(program: Program) -> None:
@@ -89,6 +101,7 @@ def _output_copy(mb: ModelBuilder, idx: int) -> int:
 def emit(program: Program, progress=None) -> ModelBuilder:
     """Lower every node, in graph order. O(nodes); ``progress`` (see
     :mod:`circle_fx.progress`) is ticked once per node."""
+    check_contract(program)
     check_supported(program)
     mb = ModelBuilder()
     ctx = LoweringContext(program, mb)

@@ -32,7 +32,7 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from ..emit.registry import lowering_for, refusal
-from ..fx_utils import input_dependent, make_node, val
+from ..fx_utils import IDENTITY_OPS, input_dependent, is_noop, make_node, val
 from ..program import add_constant
 from .decompositions import REFUSED_FORMS
 
@@ -58,7 +58,8 @@ class _Restricted(dict):
         super().__init__()
         for t in reversed(tables):
             for op, fn in t.items():
-                if isinstance(op, torch._ops.OpOverload) and lowering_for(op) is None and _takes_tensor(op):
+                if (isinstance(op, torch._ops.OpOverload) and lowering_for(op) is None and _takes_tensor(op)
+                        and op not in IDENTITY_OPS):  # no-ops stay whole: Canonicalize removes them
                     self[op] = fn
 
     def lookup(self, op, node: fx.Node | None = None):
@@ -81,7 +82,9 @@ def _refused(n: fx.Node) -> bool:
 
 
 def _unlowered(n: fx.Node) -> bool:
-    return n.op == "call_function" and (lowering_for(n.target) is None or _refused(n))
+    """Needs a decomposition: no lowering, or a refused form (a no-op needs neither:
+    Canonicalize, which follows this pass in every pipeline, removes it)."""
+    return n.op == "call_function" and not is_noop(n) and (lowering_for(n.target) is None or _refused(n))
 
 
 def _takes_tensor(op) -> bool:
@@ -128,11 +131,13 @@ def _outputs_static(node) -> bool:
 
 
 def _lowerable(gm: fx.GraphModule) -> bool:
-    """Every op that computes from the inputs has a lowering (the others fold to constants);
+    """Every op that computes from the inputs has a lowering (the others fold to constants,
+    no-ops such as a traced ``clone`` / ``contiguous`` are canonicalized away);
     a form its lowering refuses counts (the next round decomposes it: ``pad`` gives RWKV's
     cropping ``constant_pad_nd``)."""
     live = input_dependent(gm.graph)
-    return not any(n in live and n.op == "call_function" and lowering_for(n.target) is None for n in gm.graph.nodes)
+    return not any(n in live and n.op == "call_function" and lowering_for(n.target) is None and not is_noop(n)
+                   for n in gm.graph.nodes)
 
 
 def _inline(program, node: fx.Node, gm: fx.GraphModule) -> bool:

@@ -50,8 +50,6 @@ from .ops import embedding_ggml, embedding_w8, linear_ggml, linear_w8
 
 aten = torch.ops.aten
 
-#: the int8 weight of a hybrid FULLY_CONNECTED: per-tensor scale 1.0, the row scales follow as a MUL
-HYBRID_WEIGHT = QuantParams(1.0, 0)
 #: the zero point of an embedding-only table stored as ``q + 128``
 UINT8_ZERO_POINT = 128
 #: ``program.notes`` key of the :class:`QuantizationRecord`

@@ -10,7 +10,6 @@ from __future__ import annotations
 import operator
 from contextlib import contextmanager
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,8 +18,6 @@ import circle_fx
 from circle_fx.emit.emitter import emit
 from circle_fx.emit.registry import LOWERINGS, builtin_targets
 from circle_fx.quant.lowerings import static
-from circle_fx.emit.writer import serialize
-from circle_fx.model import CircleModel, ExportReport
 from circle_fx.fusions.rms_norm import rms_norm
 from circle_fx.fusions.rope import rope
 from circle_fx.ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
@@ -274,16 +271,6 @@ DYNAMIC_CASES = {
 }
 
 
-#: identity ops: torch.export drops them and Canonicalize (also in the finalize pipeline)
-#: removes any left, so ``export``/``lower`` never reach these lowerings; they are a safety
-#: net for graphs emitted without the finalize passes. Each replaces ``neg`` in a captured
-#: ``-x + 1`` that is emitted directly (eager reference: ``x + 1``): target -> (module, inputs)
-IDENTITY = Fn(lambda x: -x + 1)
-RETARGET_CASES = {t: (Fn(lambda x: x + 1), (A,)) for t in (
-    aten.clone.default, aten.contiguous.default, aten.detach.default, aten.alias.default,
-    aten.lift_fresh_copy.default)}
-
-
 @contextmanager
 def recording():
     """Replace every lowering with a wrapper that notes its target when called."""
@@ -341,25 +328,21 @@ def test_dynamic_only_lowering_runs_in_onert(target):
     assert target in called
 
 
-@pytest.mark.parametrize("target", list(RETARGET_CASES), ids=_id)
-def test_identity_lowering_runs_in_onert(target):
-    reference, inputs = RETARGET_CASES[target]
-    program = circle_fx.capture(IDENTITY, inputs)
-    negs = [n for n in program.gm.graph.nodes if n.target is aten.neg.default]
-    assert len(negs) == 1
-    negs[0].target = target
+@pytest.mark.parametrize("target", [aten.clone.default, aten.contiguous.default, aten.alias.default])
+def test_emit_takes_only_canonicalized_programs(target):
+    """No-ops (torch.export drops them, Canonicalize in every pipeline removes any left) have no
+    lowering: ``emit`` names one left in its input instead of copying the tensor in onert."""
+    program = circle_fx.capture(Fn(lambda x: -x + 1), (A,))
+    neg = next(n for n in program.gm.graph.nodes if n.target is aten.neg.default)
+    neg.target, neg.args = target, (neg.args[0],)
     program.gm.recompile()
-    with recording() as called:
-        builder = emit(program)
-    cm = CircleModel(builder, serialize(builder), ExportReport())
-    outs = cm.run(*inputs)
-    assert target in called
-    np.testing.assert_allclose(outs[0], reference(*inputs).numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(circle_fx.PassError, match=f"canonicalized.*%{neg.name} \\({op_name(target)}\\)"):
+        emit(program)
 
 
 def test_table_covers_the_registry():
     """A new built-in lowering needs a case here (and a case needs a lowering)."""
-    table = set(CASES) | set(DYNAMIC_CASES) | set(RETARGET_CASES) | set(GGML_CASES)
+    table = set(CASES) | set(DYNAMIC_CASES) | set(GGML_CASES)
     # the static-quantization lowerings take uint8 model inputs, which break onert's infer():
     # they run end to end through PT2E-quantized models (tests/quant/test_pt2e_*.py)
     builtin = builtin_targets() - {t for t, fn in LOWERINGS.items() if fn.__module__ == static.__name__}

@@ -206,14 +206,6 @@ def _broadcast(ctx, *values) -> tuple[list[int], list[int]]:
 
 @lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default)
 def cast(ctx, node):
-    x = node.args[0]
-    if ctx.dtype(x) == ctx.dtype(node):
-        identity(ctx, node)
-        return
-    ctx.op(BO.CAST, [ctx.tensor(x)], [ctx.output(node)])
-
-
-@lowering(aten.alias.default, aten.clone.default, aten.contiguous.default, aten.detach.default,
-          aten.lift_fresh_copy.default)
-def identity(ctx, node):
-    ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.shape_operand(node)], [ctx.output(node)])
+    """A dtype change (a same-dtype copy is a no-op, which Canonicalize removed: ``emit``'s
+    input contract)."""
+    ctx.op(BO.CAST, [ctx.tensor(node.args[0])], [ctx.output(node)])
