@@ -34,7 +34,7 @@ BINARY_ELEMENTWISE = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "
                       "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
                       "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD")
 UNARY_ELEMENTWISE = ("NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LOGISTIC", "RELU",
-                     "SQUARE", "LOGICAL_NOT", "GELU", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH",
+                     "SQUARE", "LOGICAL_NOT", "GELU", "FLOOR", "ROUND", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH",
                      "LEAKY_RELU", "QUANTIZE", "DEQUANTIZE")
 #: not folded by rank: they work along the last axis or carry per-axis quantization
 NOT_FOLDED = frozenset({"SOFTMAX", "LOG_SOFTMAX", "QUANTIZE", "DEQUANTIZE"})

@@ -116,6 +116,8 @@ class GgmlEmbedding(torch.nn.Module):
 X = r(2, 3, 4)
 POS = r(2, 3, 4).abs() + 0.5
 A, B = r(2, 4, seed=1), r(2, 4, seed=2)
+#: exact halves and near-halves of both signs: rounding ops must agree bit for bit
+HALVES = torch.tensor([[-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.49, 0.51], [3.7, -3.7, 1e7 + 1, -7.0, 7.0, 0.0, 99.5, -99.5]])
 BOOL_A, BOOL_B = r(2, 4, seed=3) > 0, r(2, 4, seed=4) > 0
 
 #: target -> (module, inputs). One small case per target; tolerances are float32 noise.
@@ -142,6 +144,10 @@ CASES = {
     aten.reciprocal.default: (Fn(torch.reciprocal), (POS,)),
     aten.square.default: (Fn(torch.square), (ints(2, 4, high=9).to(torch.int32) - 4,)),  # float: canonicalized to pow
     aten.abs.default: (Fn(torch.abs), (A,)),
+    aten.floor.default: (Fn(torch.floor), (HALVES,)),
+    aten.ceil.default: (Fn(torch.ceil), (HALVES,)),
+    aten.round.default: (Fn(torch.round), (HALVES,)),  # half to even, as torch
+    aten.trunc.default: (Fn(torch.trunc), (HALVES,)),
     aten.sin.default: (Fn(torch.sin), (A,)),
     aten.cos.default: (Fn(torch.cos), (A,)),
     aten.tanh.default: (Fn(torch.tanh), (A,)),

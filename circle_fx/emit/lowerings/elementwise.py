@@ -69,7 +69,7 @@ _UNARY = {
     aten.sqrt.default: BO.SQRT, aten.rsqrt.default: BO.RSQRT, aten.sin.default: BO.SIN,
     aten.cos.default: BO.COS, aten.tanh.default: BO.TANH, aten.abs.default: BO.ABS,
     aten.sigmoid.default: BO.LOGISTIC, aten.relu.default: BO.RELU,
-    aten.logical_not.default: BO.LOGICAL_NOT,
+    aten.logical_not.default: BO.LOGICAL_NOT, aten.floor.default: BO.FLOOR, aten.round.default: BO.ROUND,
 }
 
 
@@ -78,6 +78,26 @@ def unary(ctx, node):
     x = node.args[0]
     dt = ctx.dtype(node)
     ctx.op(_UNARY[node.target], [operand(ctx, x, dt)], [ctx.output(node)])
+
+
+@lowering(aten.ceil.default, aten.trunc.default)
+def ceil_trunc(ctx, node):
+    """Through FLOOR, exact in onert 0.1.0: ``ceil(x) = -floor(-x)``; ``trunc(x)`` is
+    ``ceil`` where ``x < 0``, else ``floor`` (one float SELECT_V2 of same-shaped operands)."""
+    dt = ctx.dtype(node)
+    x = operand(ctx, node.args[0], dt)
+    neg, floor_neg, ceil = ctx.like(node, "neg"), ctx.like(node, "floor_neg"), ctx.like(node, "ceil")
+    ctx.op(BO.NEG, [x], [neg])
+    ctx.op(BO.FLOOR, [neg], [floor_neg])
+    if node.target is aten.ceil.default:
+        ctx.op(BO.NEG, [floor_neg], [ctx.output(node)])
+        return
+    ctx.op(BO.NEG, [floor_neg], [ceil])
+    floor = ctx.like(node, "floor")
+    ctx.op(BO.FLOOR, [x], [floor])
+    negative = ctx.like(node, "negative", torch.bool)
+    ctx.op(BO.LESS, [x, ctx.tensor(0.0, dt)], [negative])
+    ctx.op(BO.SELECT_V2, [negative, ceil, floor], [ctx.output(node)])
 
 
 @lowering(aten.silu.default)
