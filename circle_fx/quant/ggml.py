@@ -25,7 +25,7 @@ from ..circle.ggml import BLOCK, Q4_0, Q8_0, BlockType
 _CHUNK_ELEMS = 1 << 18
 #: Q4_0 candidate scales: ``m / base * factor`` (m = the block's largest-magnitude element)
 _Q4_BASES = (-8.0, 7.0)
-_Q4_FACTORS = np.array([1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.82, 0.78], np.float32)
+_Q4_FACTORS = np.array([1.0, 0.95, 0.9, 0.85, 0.8], np.float32)
 
 
 def _f16(d: np.ndarray) -> np.ndarray:
@@ -55,36 +55,47 @@ def _codes(b, d):
 
 
 def _sq_err(b, d, q):
-    return ((b - (q - 8) * d[:, None]) ** 2).sum(-1)
+    r = (q - 8) * d[:, None]
+    np.subtract(b, r, out=r)
+    np.multiply(r, r, out=r)
+    return r.sum(-1)
 
 
 def _q4_0(b: np.ndarray, search: bool = True) -> tuple[np.ndarray, float, float]:
-    """``(blocks, squared error with ggml's m/-8, squared error chosen)`` for blocks ``b`` [n, 32]."""
+    """``(blocks, squared error with ggml's m/-8, squared error chosen)`` for blocks ``b`` [n, 32].
+    Only the best scale per block is carried through the candidates; the codes are recomputed
+    once at the end (carrying them cost 2x the time)."""
     idx = np.abs(b).argmax(-1)
     m = np.take_along_axis(b, idx[:, None], -1)[:, 0]
-    best_q = _codes(b, m / np.float32(-8))  # ggml's quantize_row_q4_0_ref: codes from the float32 d
+    plain_q = _codes(b, m / np.float32(-8))  # ggml's quantize_row_q4_0_ref: codes from the float32 d
     best_d = _f16(m / np.float32(-8))
-    best_e = _sq_err(b, best_d, best_q)
+    best_e = _sq_err(b, best_d, plain_q)
     plain = float(best_e.sum())
-    if search:
+    if not search:
+        q = plain_q
+    else:
         for base in _Q4_BASES:
             for f in _Q4_FACTORS:
                 d = _f16(m / base * f)
-                q = _codes(b, d)
-                e = _sq_err(b, d, q)
+                e = _sq_err(b, d, _codes(b, d))
                 better = e < best_e
-                best_d, best_q, best_e = (np.where(better, d, best_d), np.where(better[:, None], q, best_q),
-                                          np.where(better, e, best_e))
+                np.copyto(best_d, d, where=better)
+                np.copyto(best_e, e, where=better)
         # least-squares scale for the chosen codes, then re-code with it
-        c = best_q - 8
+        c = _codes(b, best_d) - 8
         den = (c * c).sum(-1)
         d = _f16(np.where(den > 0, (b * c).sum(-1) / np.where(den > 0, den, 1), best_d))
-        q = _codes(b, d)
-        e = _sq_err(b, d, q)
+        e = _sq_err(b, d, _codes(b, d))
         better = e < best_e
-        best_d, best_q, best_e = (np.where(better, d, best_d), np.where(better[:, None], q, best_q),
-                                  np.where(better, e, best_e))
-    q = best_q.astype(np.uint8)
+        np.copyto(best_d, d, where=better)
+        np.copyto(best_e, e, where=better)
+        q = _codes(b, best_d)
+        # the plain codes (float32 d) can beat the float16 d's re-coding: keep ggml's exact bytes there
+        plain_wins = _sq_err(b, _f16(m / np.float32(-8)), plain_q) <= best_e
+        q = np.where(plain_wins[:, None], plain_q, q)
+        np.copyto(best_d, _f16(m / np.float32(-8)), where=plain_wins)
+        best_e = _sq_err(b, best_d, q)
+    q = q.astype(np.uint8)
     rec = np.empty(b.shape[:-1], Q4_0.record())
     rec["d"] = best_d
     rec["q"] = q[:, :BLOCK // 2] | (q[:, BLOCK // 2:] << 4)

@@ -19,9 +19,9 @@ import math
 import torch
 
 from ...circle import ggml
-from ...quant.ops import embedding_ggml, ggml_in_features, linear_ggml
-from ..registry import lowering
-from ._common import BO, operand, options
+from ...circle.schema import BO, make_options as options
+from ...emit.registry import lowering
+from ..ops import embedding_ggml, ggml_in_features, linear_ggml
 
 
 def _weight(ctx, blocks, kind: str, what: str) -> int:
@@ -72,5 +72,9 @@ def lower_embedding_ggml(ctx, node):
         raise ctx.error(f"GATHER from a {kind} table fails at run time in onert 0.1.0; only q4_0 tables "
                         "are gathered (the quantize pass stores other embeddings as uint8 rows)")
     table = _weight(ctx, blocks, kind, "the embedding table")
-    idx = operand(ctx, ids, torch.int32)  # onert's GGML GATHER accepts int32 indices only (measured)
+    idx = ctx.tensor(ids)
+    if ctx.dtype(ids) != torch.int32:  # onert's GGML GATHER accepts int32 indices only (measured)
+        i32 = ctx.like(ids, "ids_i32", torch.int32)
+        ctx.op(BO.CAST, [idx], [i32])
+        idx = i32
     ctx.op(BO.GATHER, [table, idx], [ctx.output(node)], options("GatherOptions", axis=0, batchDims=0))
