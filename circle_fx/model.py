@@ -42,10 +42,27 @@ class CircleModel:
         self.serialized = serialized
         self.report = report
         self._session = None
-        self._session_path: str | None = None
+        self._session_path: str | None = None  # a temp file run() wrote (removed with the model)
+        #: the file this model was loaded from (``CircleModel.load``), run in place
+        self.source_path: str | None = None
         #: True once :func:`circle_fx.verify` passed on these bytes (``export(verify=True)``)
         self.verified = False
         self._verify_written = False  # external weights: verify the written file instead
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CircleModel":
+        """An existing ``.circle`` file as a runnable model: verified first (a corrupt or
+        truncated file raises :class:`~circle_fx.errors.VerifyError` naming it, instead of
+        crashing onert and the process); ``run``, ``summary``, ``save`` work as after export."""
+        from .circle.reader import file_bytes, read_circle
+        from .circle.runtime import check_loadable
+
+        path = os.fspath(path)
+        check_loadable(path)
+        cm = cls(ModelBuilder.from_file(read_circle(path)), Serialized(file_bytes(path)), ExportReport())
+        cm.source_path = path
+        cm.verified = True
+        return cm
 
     def check(self) -> None:
         """Verify the emitted model (:func:`circle_fx.verify`); what ``export(verify=True)`` calls.
@@ -108,10 +125,11 @@ class CircleModel:
         if self._session is None:
             if not self.verified:  # onert segfaults on a malformed file: never hand it one unchecked
                 self.check()
-            path = temp_circle_path()
-            self._write(path)
-            self._session_path = path
-            self._session = OnertSession(path)
+            path = self.source_path
+            if path is None or not path.endswith(".circle"):  # onert picks its loader by extension
+                path = self._session_path = temp_circle_path()
+                self._write(path)
+            self._session = OnertSession(path, verified=True)
         return self._session.run(arrays)
 
     def _check_input(self, k: int, array: np.ndarray) -> np.ndarray:

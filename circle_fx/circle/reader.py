@@ -86,7 +86,7 @@ class CircleFile:
         return b.data.view(t.dtype).reshape(t.shape)
 
 
-def _load(src) -> bytes | memoryview:
+def file_bytes(src) -> bytes | memoryview:
     if isinstance(src, (bytes, bytearray, memoryview)):
         return memoryview(src)
     path = os.fspath(src)
@@ -112,8 +112,23 @@ def _quantization(t) -> tuple[QuantParams | None, tuple | None]:
 
 
 def read_circle(src) -> CircleFile:
-    """Parse a Circle file (path, bytes or memoryview) into a :class:`CircleFile`."""
-    buf = _load(src)
+    """Parse a Circle file (path, bytes or memoryview) into a :class:`CircleFile`.
+
+    A file that is not a well-formed Circle flatbuffer raises :class:`VerifyError` (naming
+    the path when ``src`` is one), never a lower-level exception."""
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return _read(src)
+    path = os.fspath(src)
+    try:
+        return _read(path)
+    except VerifyError as e:
+        if str(e).startswith(path):
+            raise
+        raise VerifyError(f"{path}: {e}", getattr(e, "problems", None)) from None
+
+
+def _read(src) -> CircleFile:
+    buf = file_bytes(src)
     if len(buf) < 8:
         raise VerifyError(f"not a Circle file: only {len(buf)} bytes")
     raw = bytes(buf[:8])

@@ -10,9 +10,22 @@ import tempfile
 
 import numpy as np
 
-from ..errors import RuntimeFailure
+from ..errors import RuntimeFailure, VerifyError
 from .fdcapture import FdCapture
 from .ggml_support import check_ggml_runs
+
+
+def check_loadable(path: str) -> None:
+    """``verify`` the file before onert sees it: onert 0.1.0 segfaults on a truncated or
+    corrupt file (docs/onert-findings.md), which would kill the host process. Every place
+    that hands a file to onert calls this first (OnertSession, the LLM runner)."""
+    from .verify import verify
+
+    try:
+        verify(path)
+    except VerifyError as e:
+        raise VerifyError(f"refusing to load {path} into onert (a malformed file crashes it): {e}",
+                          e.problems) from None
 
 
 def _failure(what: str, err: Exception, printed: str) -> RuntimeFailure:
@@ -32,7 +45,10 @@ def _replay(printed: str) -> None:
 
 
 class OnertSession:
-    def __init__(self, path: str):
+    def __init__(self, path: str, verified: bool = False):
+        """``verified``: the caller has already verified these exact bytes (CircleModel)."""
+        if not verified:
+            check_loadable(path)
         os.environ.setdefault("USE_MMAPED_DATA", "1")
         try:
             import onert

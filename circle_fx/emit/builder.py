@@ -73,6 +73,22 @@ class ModelBuilder:
     _buffer_keys: dict = field(default_factory=dict)
     _names: set = field(default_factory=set)
 
+    @classmethod
+    def from_file(cls, cf) -> "ModelBuilder":
+        """The builder view of a Circle file read back (``circle.reader.CircleFile``), for
+        ``CircleModel.load``: tensors, operators, graph inputs/outputs with their signature
+        names; constant buffers stay views of the file bytes."""
+        names = {i: n for n, i in cf.signature_inputs + cf.signature_outputs}
+        mb = cls(tensors=[TensorInfo(t.name, list(t.shape), t.type, t.buffer, t.shape_signature, t.quantization)
+                          for t in cf.tensors],
+                 buffers=[b.data if b.data is not None and b.size else None for b in cf.buffers] or [None],
+                 operators=[OperatorInfo(op.builtin_code, list(op.inputs), list(op.outputs)) for op in cf.operators],
+                 inputs=list(cf.inputs), outputs=list(cf.outputs))
+        mb.input_names = [names.get(i, cf.tensors[i].name) for i in cf.inputs]
+        mb.output_names = [names.get(i, cf.tensors[i].name) for i in cf.outputs]
+        mb._names = {t.name for t in cf.tensors}
+        return mb
+
     def _unique(self, name: str) -> str:
         base, i = name, 1
         while name in self._names:

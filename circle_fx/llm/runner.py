@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from ..circle.runtime import check_loadable
 from ..errors import InputError, RuntimeFailure
 from . import manifest as mf
 from .sampling import Chooser, Sampling
@@ -26,6 +27,7 @@ class _Session:
     """The low-level onert session: prepare once, bind inputs by pointer, run, read outputs."""
 
     def __init__(self, path: str):
+        check_loadable(path)  # a corrupt file would segfault onert and the host with it
         os.environ.setdefault("USE_MMAPED_DATA", "1")
         import onert
         from onert.native.libnnfw_api_pybind import prepare_config
