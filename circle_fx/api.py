@@ -32,7 +32,8 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
            passes: Iterable[Callable] | None = None, external_weights: bool | None = None,
            verbose: bool | None = None, switch_implementations: bool = True,
            cast_to_float32: bool = False, quant_target: str | None = None,
-           quantize: str | QuantConfig | None = None, verify: bool = True) -> CircleModel:
+           quantize: str | QuantConfig | None = None, verify: bool = True,
+           clamp_indices: bool = True) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -52,6 +53,10 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     (a malformed file is a :class:`VerifyError` here, not a crash inside onert later); it
     costs a few percent of the export time (``benchmarks/convert_speed.py``). ``False``
     skips it.
+    ``clamp_indices``: every GATHER indexed by a model input gets its indices clamped to the
+    table (MINIMUM/MAXIMUM), so no input value makes onert read outside it; the valid range is
+    recorded in the file either way (``circle_fx.limits`` metadata, checked by ``run``).
+    ``False`` leaves the indices as they are (see benchmarks/index_clamp.py for the cost).
     """
     if quant_target is not None:
         from .quant.qdq import check_target
@@ -68,7 +73,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
                    capture_seconds=t1 - t0, progress=progress, quant_target=quant_target, quantize=quantize,
-                   verify=verify)
+                   verify=verify, clamp_indices=clamp_indices)
     if verbose:
         print_timings(report.timings)
     return cm
@@ -77,7 +82,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
           capture_seconds: float = 0.0, progress: NullProgress | None = None,
           quant_target: str | None = None, quantize: str | QuantConfig | None = None,
-          verify: bool = True) -> CircleModel:
+          verify: bool = True, clamp_indices: bool = True) -> CircleModel:
     """Run passes over an already captured :class:`Program` and emit it.
 
     A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
@@ -113,7 +118,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     report.notes = list(program.notes.get("implementations", []))
     report.quantization = program.notes.get("quantization")
     t2 = time.perf_counter()
-    builder = emit(program, progress=progress)
+    builder = emit(program, progress=progress, clamp_indices=clamp_indices)
     builder.share_buffers()  # each distinct constant stored once (tied weights, per-layer masks)
     serialized = serialize(builder, external=external_weights)
     t3 = time.perf_counter()

@@ -12,6 +12,7 @@ from .circle.ggml import block_type
 from .circle.schema import CIRCLE_TO_NUMPY, op_name, type_name
 from .emit.builder import ModelBuilder
 from .emit.writer import Serialized, write_atomic
+from .circle.runtime import check_index_range
 from .errors import InputError, OutputError
 
 
@@ -152,6 +153,7 @@ class CircleModel:
             if array.dtype.kind != dtype.kind:
                 raise InputError(f"input {name!r} has dtype {array.dtype}; the model expects {dtype}")
             array = array.astype(dtype)
+        check_index_range(name, array, self.builder.index_ranges.get(name))
         return array
 
     def __del__(self):

@@ -87,6 +87,15 @@ def format_circle(cf: CircleFile, sections=SECTIONS, title: str = "") -> str:
     lines.append("inputs : " + ", ".join(f"{tname(i)}{_shape(tensors[i])}" for i in cf.inputs))
     lines.append("outputs: " + ", ".join(f"{tname(i)}{_shape(tensors[i])}" for i in cf.outputs))
     lines.append("op histogram: " + ", ".join(f"{k} {v}" for k, v in hist.most_common()))
+    limits = cf.limits
+    if limits:  # what a host must keep its inputs within (circle_fx/emit/index_limits.py)
+        parts = []
+        for name, entry in sorted((limits.get("inputs") or {}).items()):
+            if "index_range" in entry:
+                parts.append(f"{name} values in {entry['index_range'][0]}..{entry['index_range'][1]}")
+            parts += [f"{name} dim {d} <= {m}" for d, m in sorted((entry.get("max_dims") or {}).items())]
+        parts += [f"{k} {v}" for k, v in sorted(limits.items()) if k not in ("inputs", "version")]
+        lines.append("limits: " + ("; ".join(parts) or "none"))
 
     if "operators" in sections:
         rows = [[str(op.index), op.name, ", ".join(tname(i) for i in op.inputs),

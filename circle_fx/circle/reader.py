@@ -16,6 +16,9 @@ from ..errors import VerifyError
 from .safe_read import check_flatbuffer
 from .schema import CIRCLE_TO_NUMPY, QuantParams, op_name, type_name
 
+#: the Circle metadata entry holding circle_fx's run-time limits (JSON; emit/index_limits.py)
+LIMITS_METADATA = "circle_fx.limits"
+
 
 @dataclass
 class TensorView:
@@ -76,6 +79,21 @@ class CircleFile:
     signature_outputs: list[tuple[str, int]] = field(default_factory=list)
     num_subgraphs: int = 1
     file_size: int = 0
+    #: Circle metadata entries: name -> the bytes of the buffer it names (None if out of range)
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def limits(self) -> dict | None:
+        """The file's ``circle_fx.limits`` (valid index ranges, dynamic dims' maxima,
+        ``max_seq_len``; see circle_fx/emit/index_limits.py), or None without one."""
+        import json
+
+        raw = self.metadata.get(LIMITS_METADATA)
+        try:
+            value = json.loads(bytes(raw).decode()) if raw is not None else None
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
 
     def tensor_data(self, index: int) -> np.ndarray | None:
         """The constant data of tensor ``index`` as a typed numpy array, or None."""
@@ -177,7 +195,14 @@ def _read(src) -> CircleFile:
             sd = m.SignatureDefs(0)
             sig_in = [(sd.Inputs(j).Name().decode(), sd.Inputs(j).TensorIndex()) for j in range(sd.InputsLength())]
             sig_out = [(sd.Outputs(j).Name().decode(), sd.Outputs(j).TensorIndex()) for j in range(sd.OutputsLength())]
+        metadata = {}
+        for i in range(m.MetadataLength()):
+            entry = m.Metadata(i)
+            k = entry.Buffer()
+            data = buffers[k].data if k < len(buffers) else None
+            metadata[(entry.Name() or b"").decode(errors="replace")] = None if data is None else bytes(data)
         return CircleFile(
+            metadata=metadata,
             version=m.Version(),
             description=(m.Description() or b"").decode(errors="replace"),
             tensors=tensors, operators=operators, buffers=buffers, opcodes=opcodes,

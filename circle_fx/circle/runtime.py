@@ -10,7 +10,7 @@ import tempfile
 
 import numpy as np
 
-from ..errors import RuntimeFailure, VerifyError
+from ..errors import InputError, RuntimeFailure, VerifyError
 from .fdcapture import FdCapture
 from .ggml_support import check_ggml_runs
 
@@ -42,6 +42,20 @@ def _replay(printed: str) -> None:
         import sys
 
         print(printed, file=sys.stderr)
+
+
+def check_index_range(name: str, values: np.ndarray, valid) -> None:
+    """An input that indexes a table (token ids) must lie in ``valid = (lo, hi)``: onert's
+    GATHER reads outside the table without an error (the file clamps by default, which is
+    still a silently wrong answer), so out-of-range values are refused here, naming them."""
+    if valid is None or values.size == 0:
+        return
+    lo, hi = valid
+    bad = values[(values < lo) | (values > hi)]
+    if bad.size:
+        shown = ", ".join(str(int(v)) for v in np.unique(bad)[:8])
+        raise InputError(f"input {name!r} has value(s) {shown} outside {lo}..{hi}, the rows of the table "
+                         "it indexes (e.g. token ids past the vocabulary)")
 
 
 class OnertSession:

@@ -70,6 +70,13 @@ class ModelBuilder:
     input_limits: dict = field(default_factory=dict)
     #: ``(buffers merged, bytes saved)`` by :meth:`share_buffers`
     shared: tuple = (0, 0)
+    #: ``{input name: (lo, hi)}`` valid values of an integer input that indexes a GATHER
+    #: (emit/index_limits.py)
+    index_ranges: dict = field(default_factory=dict)
+    #: Circle metadata entries ``{name: buffer index}`` (``circle_fx.limits``)
+    metadata: dict = field(default_factory=dict)
+    #: the ``circle_fx.limits`` JSON stored in the file (emit/index_limits.py), None before
+    limits: dict | None = None
     _buffer_keys: dict = field(default_factory=dict)
     _names: set = field(default_factory=set)
 
@@ -87,6 +94,14 @@ class ModelBuilder:
         mb.input_names = [names.get(i, cf.tensors[i].name) for i in cf.inputs]
         mb.output_names = [names.get(i, cf.tensors[i].name) for i in cf.outputs]
         mb._names = {t.name for t in cf.tensors}
+        limits = mb.limits = cf.limits or {}
+        for name, entry in (limits.get("inputs") or {}).items():
+            if isinstance(entry, dict):
+                rng = entry.get("index_range")
+                if isinstance(rng, list) and len(rng) == 2:
+                    mb.index_ranges[name] = (int(rng[0]), int(rng[1]))
+                for dim, largest in (entry.get("max_dims") or {}).items():
+                    mb.input_limits[(name, int(dim))] = int(largest)
         return mb
 
     def _unique(self, name: str) -> str:
@@ -179,6 +194,7 @@ class ModelBuilder:
                 kept.append(arr)
         for t in self.tensors:
             t.buffer = renumber[dups.get(t.buffer, t.buffer)]
+        self.metadata = {k: renumber[dups.get(v, v)] for k, v in self.metadata.items()}
         self._buffer_keys = {k: renumber[dups.get(v, v)] for k, v in self._buffer_keys.items()}
         self.buffers = kept
         self.shared = (self.shared[0] + len(dups), self.shared[1] + saved)

@@ -20,6 +20,7 @@ from .context import LoweringContext
 from .legalize import legalize
 from .legalize.peephole import META_KEY as PEEPHOLE_KEY
 from .registry import lowering_for, refusal
+from .index_limits import attach_limits, guard_indices
 from .types import TORCH_TO_CIRCLE
 
 
@@ -98,9 +99,10 @@ def _output_copy(mb: ModelBuilder, idx: int) -> int:
     return out
 
 
-def emit(program: Program, progress=None) -> ModelBuilder:
+def emit(program: Program, progress=None, clamp_indices: bool = True) -> ModelBuilder:
     """Lower every node, in graph order. O(nodes); ``progress`` (see
-    :mod:`circle_fx.progress`) is ticked once per node."""
+    :mod:`circle_fx.progress`) is ticked once per node. ``clamp_indices``: see
+    :func:`circle_fx.emit.index_limits.guard_indices`."""
     check_contract(program)
     check_supported(program)
     mb = ModelBuilder()
@@ -114,6 +116,11 @@ def emit(program: Program, progress=None) -> ModelBuilder:
             idx = ctx.output(n)
             mb.inputs.append(idx)
             mb.input_names.append(n.name)
+            val = n.meta.get("val")
+            for d, size in enumerate(getattr(val, "shape", ())):
+                bound = ctx.size_bound(size) if isinstance(size, torch.SymInt) else None
+                if bound is not None:  # torch.export's Dim(max=...): the file records it
+                    ctx.limit_input(n.name, d, bound)
     for n in graph.nodes:
         if progress is not None:
             progress.update()
@@ -132,6 +139,7 @@ def emit(program: Program, progress=None) -> ModelBuilder:
     outs = graph.output_node().args[0]
     protected = set(mb.inputs) | {ctx.values[v] for v in outs if isinstance(ctx.values.get(v), int)}
     legalize(mb, protected, optional=program.gm.meta.get(PEEPHOLE_KEY, True))
+    guard_indices(mb, clamp=clamp_indices)
     consumed = {i for op in mb.operators for i in op.inputs}
     for value, name in zip(outs, program.output_names):
         if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
@@ -146,4 +154,5 @@ def emit(program: Program, progress=None) -> ModelBuilder:
             mb._names.add(name)
         mb.outputs.append(idx)
         mb.output_names.append(name)
+    attach_limits(mb, program.notes.get("limits"))
     return mb

@@ -247,6 +247,12 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
     m.subgraphs = [sg]
     m.buffers = buffer_tables
     m.signatureDefs = [sig]
+    if mb.metadata:
+        m.metadata = []
+        for name, buffer in mb.metadata.items():
+            entry = C.Metadata.MetadataT()
+            entry.name, entry.buffer = name, buffer
+            m.metadata.append(entry)
     b.Finish(m.Pack(b), file_identifier=FILE_IDENTIFIER)
     start = b.Head()
     if holes is not None:

@@ -101,9 +101,10 @@ def _rename_inputs(program, names: list[str]) -> None:
     program.input_names = [n.name for n in placeholders]
 
 
-def _capture(module, args, input_names, pipeline, quantize=None):
+def _capture(module, args, input_names, pipeline, quantize=None, limits=None):
     program = api.capture(module, args)
     _rename_inputs(program, input_names)
+    program.notes["limits"] = limits  # stored in the file (circle_fx.limits metadata)
     return api.lower(program, passes=pipeline, quantize=quantize)
 
 
@@ -145,10 +146,12 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         ids1 = torch.zeros(1, 1, dtype=torch.int32)
         pos = torch.zeros(1, dtype=torch.int32)
         decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
-                          decode_pipe, quantize)
+                          decode_pipe, quantize,
+                          {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}})
         idsP = torch.zeros(1, P, dtype=torch.int32)
         last = torch.zeros(1, dtype=torch.int32)
-        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe, quantize)
+        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe, quantize,
+                           {"max_seq_len": S, "prefill_len": P, "inputs": {"last_index": {"index_range": [0, P - 1]}}})
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
@@ -181,11 +184,13 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
         "cache": {"layout": "BHSD", "shape": [1, spec.num_kv_heads, spec.max_seq_len, spec.head_dim],
                   "dtype": "float32", "initial": 0.0,
                   "names": [f"{kind}_cache_{i}" for i in range(spec.num_layers) for kind in ("key", "value")]},
-        "prefill": {"file": "prefill.circle", "inputs": mf.io_entries(prefill.builder, "inputs"),
+        "prefill": {"file": "prefill.circle", "limits": prefill.builder.limits,
+                    "inputs": mf.io_entries(prefill.builder, "inputs"),
                     "outputs": mf.io_entries(prefill.builder, "outputs"),
                     "cache_writes": mf.cache_writes(spec.num_layers, "0..length-1 -> positions 0..length-1",
                                                     0, "length")},
-        "decode": {"file": "decode.circle", "inputs": mf.io_entries(decode.builder, "inputs"),
+        "decode": {"file": "decode.circle", "limits": decode.builder.limits,
+                   "inputs": mf.io_entries(decode.builder, "inputs"),
                    "outputs": mf.io_entries(decode.builder, "outputs"),
                    "cache_writes": mf.cache_writes(spec.num_layers, "0 -> position", "position", 1)},
     }

@@ -27,6 +27,11 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
                "generation_config": "generation_config.json" | null}  # transformers' GenerationConfig
     }
 
+Each part also has ``"limits"``: the ``circle_fx.limits`` metadata its file carries (valid
+``index_range`` of ``input_ids`` = the vocabulary, of ``position`` = ``0..max_seq_len-1``, of
+``last_index`` = ``0..prefill_len-1``; ``max_seq_len``); a host must keep its inputs inside them
+(the files clamp ids into the table, which is still a wrong answer for a bad id).
+
 ``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
 slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
 

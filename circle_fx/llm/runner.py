@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from ..circle.runtime import check_loadable
+from ..circle.runtime import check_index_range, check_loadable
 from ..errors import InputError, RuntimeFailure
 from . import manifest as mf
 from .sampling import Chooser, Sampling
@@ -85,6 +85,10 @@ class LLMRunner:
         self.decode.bind(din["position"], self._pos)
         for n in names:
             self.decode.bind(din[n], self.caches[n])
+        # valid id ranges (circle_fx.limits, also in each file): the models clamp ids by default,
+        # which would still be a silently wrong answer, so out-of-range ids are refused here
+        self._id_range = {part: _index_range(m[part], "input_ids", m["model"]["vocab_size"])
+                          for part in ("decode", "prefill")}
         self._pids = np.zeros((1, self.prefill_len), np.int32)
         self._plast = np.zeros((1,), np.int32)
         self.prefill.bind(pin["input_ids"], self._pids)
@@ -100,6 +104,7 @@ class LLMRunner:
         n = len(ids)
         if not 1 <= n <= self.prefill_len:
             raise InputError(f"prefill takes 1..{self.prefill_len} ids, got {n}")
+        check_index_range("input_ids", np.asarray(ids), self._id_range["prefill"])
         self._pids.fill(self.pad)
         self._pids[0, :n] = ids
         self._plast[0] = n - 1
@@ -113,6 +118,8 @@ class LLMRunner:
         if not 0 <= position < self.max_seq_len:
             raise InputError(f"position {position} is past the KV cache (max_seq_len {self.max_seq_len}); "
                              "export with a larger --max-seq-len")
+        if not self._id_range["decode"][0] <= token <= self._id_range["decode"][1]:
+            check_index_range("input_ids", np.asarray([token]), self._id_range["decode"])
         self._id[0, 0] = token
         self._pos[0] = position
         self.decode.run()
@@ -219,6 +226,13 @@ class LLMRunner:
     def generate_text(self, prompt, max_new_tokens: int = 256, chat: bool = False, **kwargs) -> str:
         """The generated text (special tokens skipped), arguments as :meth:`stream_text`."""
         return "".join(self.stream_text(prompt, max_new_tokens, chat, **kwargs))
+
+
+def _index_range(part: dict, name: str, vocab: int) -> tuple[int, int]:
+    """The valid range of ``name`` from the part's ``limits`` (manifest), else the vocabulary."""
+    entry = ((part.get("limits") or {}).get("inputs") or {}).get(name) or {}
+    lo, hi = entry.get("index_range") or (0, vocab - 1)
+    return int(lo), int(hi)
 
 
 def _as_ids(input_ids) -> list[int]:
