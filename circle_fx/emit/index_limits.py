@@ -3,7 +3,7 @@
 onert's GATHER does not check its indices: a token id past the vocabulary reads outside the
 embedding table and returns whatever is there, without an error (docs/onert-findings.md;
 torch raises IndexError). After lowering, :func:`guard_indices` finds every GATHER whose
-indices come from a graph input (directly or through RESHAPE/SQUEEZE/EXPAND_DIMS/CAST, which
+indices come from a graph input (directly or through RESHAPE/CAST, which
 keep the values), records the valid range ``[0, rows - 1]`` of that input (the intersection
 over all its GATHERs) and, unless ``clamp`` is False, clamps the indices with MINIMUM and
 MAXIMUM in front of the GATHER, so no input value can make onert read outside a table
@@ -31,7 +31,7 @@ from ..circle.reader import LIMITS_METADATA
 from ..circle.schema import BO, CIRCLE_TO_NUMPY, NUMPY_TO_CIRCLE, make_options, options_class_name
 from .builder import ModelBuilder, OperatorInfo
 #: ops whose output holds the same index values as their first input
-_KEEPS_VALUES = {BO.RESHAPE, BO.SQUEEZE, BO.EXPAND_DIMS, BO.CAST}
+_KEEPS_VALUES = {BO.RESHAPE, BO.CAST}
 _INTEGER = {np.dtype(np.int32), np.dtype(np.int64)}
 
 

@@ -131,7 +131,10 @@ def serialize(mb: ModelBuilder, external: bool | None = None, description: str =
         holes: list = []
         flat = _pack(mb, description, offsets=None, reserve=_inline_size_estimate(mb), holes=holes)
         return Serialized(flat, holes=holes)
-    consts = [(i, b) for i, b in enumerate(mb.buffers) if b is not None]
+    # metadata (circle_fx.limits) stays inline: onert reads metadata buffers' data at load and
+    # fails on an external one (measured: NNFW_STATUS_ERROR)
+    inline = set(mb.metadata.values())
+    consts = [(i, b) for i, b in enumerate(mb.buffers) if b is not None and i not in inline]
     placeholder = {i: 1 for i, _ in consts}  # non-zero so the fields are present
     head_len = len(_pack(mb, description, offsets=placeholder, reserve=_tables_size_estimate(mb)))
     offsets, pos = {}, head_len
@@ -183,8 +186,8 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
             C.Buffer.BufferStart(b)
             buffer_tables.append(_Prebuilt(C.Buffer.BufferEnd(b)))
             continue
-        if offsets is None:
-            data = _vector(b, arr, pending if holes is not None else None)
+        if offsets is None or i not in offsets:  # inline (external layout: metadata stays inline)
+            data = _vector(b, arr, pending if holes is not None and offsets is None else None)
             C.Buffer.BufferStart(b)
             C.Buffer.BufferAddData(b, data)
         else:
