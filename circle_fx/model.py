@@ -174,8 +174,9 @@ class CircleModel:
         each buffer counted once, even when two tensors share it (tied weights)."""
         packed = {t.buffer: type_name(t.type) for t in self.builder.tensors if block_type(t.type) is not None}
         by: Counter = Counter()
+        meta = set(self.builder.metadata.values())  # circle_fx.limits is not a weight
         for i, arr in enumerate(self.builder.buffers):
-            if arr is not None:
+            if arr is not None and i not in meta:
                 by[packed.get(i, str(arr.dtype))] += arr.nbytes
         return dict(by.most_common())
 

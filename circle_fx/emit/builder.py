@@ -200,5 +200,10 @@ class ModelBuilder:
         self.shared = (self.shared[0] + len(dups), self.shared[1] + saved)
         return saved
 
+    def constants(self) -> list[np.ndarray]:
+        """The constant buffers (weights), without the metadata ones (``circle_fx.limits``)."""
+        meta = set(self.metadata.values())
+        return [b for i, b in enumerate(self.buffers) if b is not None and i not in meta]
+
     def weight_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers if b is not None)
+        return sum(b.nbytes for b in self.constants())
