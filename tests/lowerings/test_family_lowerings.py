@@ -30,22 +30,6 @@ def test_chunk_uneven_last_piece(chunks):
     _check(Fn(lambda x: tuple(t + i for i, t in enumerate(x.chunk(chunks, dim=-1)))), _randn(1, 4, 10))
 
 
-@pytest.mark.parametrize("k,largest", [(1, True), (2, True), (3, True), (2, False)])
-def test_topk_values_and_indices(k, largest):
-    cm = _check(Fn(lambda x: torch.topk(x, k, dim=-1, largest=largest)), _randn(8, 5))
-    assert "TOPK_V2" not in cm.op_histogram()  # not implemented by onert 0.1.0
-
-
-def test_topk_router_pattern():
-    """GPT-OSS's router: softmax over the top-k logits, indices used to pick experts."""
-    w = _randn(4, 6, 3, seed=1)
-
-    def router(x):
-        v, i = torch.topk(x, 2, dim=-1)
-        return torch.softmax(v, dim=1), w[i.reshape(-1)]
-    _check(Fn(router), _randn(8, 4))
-
-
 @pytest.mark.parametrize("op", [torch.max, torch.min])
 @pytest.mark.parametrize("keepdim", [True, False])
 def test_max_min_dim(op, keepdim):

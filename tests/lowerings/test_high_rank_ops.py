@@ -84,15 +84,6 @@ def test_rank5_reductions_match_eager(name):
     assert_onert_matches_eager(Fn(REDUCTIONS[name]), (r(2, 3, 4, 5, 6),), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("largest", [True, False])
-def test_rank5_topk_matches_eager(largest):
-    """topk's REDUCE_MAX goes through the reduction fold (reduce_into), as max_dim's does:
-    a 5-D REDUCE_MAX fails onert's prepare ("ShapeValidator failed at line 304")."""
-    cm = assert_onert_matches_eager(Fn(lambda x: torch.topk(x, 2, -1, largest=largest)), (r(1, 2, 3, 4, 5),),
-                                    rtol=0, atol=0)
-    assert cm.op_histogram()["REDUCE_MAX"] == 2
-
-
 WHERES = {
     # silently wrong in onert 0.1.0 before folding (max abs diff 2.2 .. 3.4)
     "mask_lower_rank": (lambda k, x: torch.where(k, x, 0.0), (mask(5, 4), r(2, 1, 3, 5, 4))),

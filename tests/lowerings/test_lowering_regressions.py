@@ -52,13 +52,6 @@ def test_negative_runtime_indices(dtype):
         assert torch.equal(torch.as_tensor(cm.run(X2, i)[0]), X2[:, i])
 
 
-def test_topk_indices_need_no_wrap():
-    """Positions from topk are never negative: no extra ops for the MoE router case."""
-    model = Fn(lambda x: x[:, torch.topk(x[0], 2).indices] * 1)
-    cm = assert_onert_matches_eager(model, (X2,), **TOL)
-    assert "LESS" not in cm.op_histogram()
-
-
 def test_int64_sum_is_a_clear_error():
     """A sum of int64 values (not provably within int32) stays a clear error; a sum of bools
     is now exact as an int32 SUM (tests/lowerings/test_family_op_forms.py::...[sum_bool_int64])."""
