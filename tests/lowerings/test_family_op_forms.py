@@ -23,7 +23,6 @@ Tolerance 1e-5: transposes and reshapes move values exactly; integer results com
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -35,7 +34,6 @@ from circle_fx.passes.decompositions import REFUSED_FORMS
 from onert_eager import Fn, assert_onert_matches_eager
 
 aten = torch.ops.aten
-INF = float("inf")
 
 
 def _randn(*shape, seed=0):
