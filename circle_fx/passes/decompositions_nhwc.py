@@ -42,8 +42,8 @@ def _conv_nd(x, weight, bias, stride, padding, dilation, groups):
     spatial = x.dim() - 2
     if spatial not in (1, 2) or (x.dim() != weight.dim()):
         return NotImplemented
-    if spatial == 1:  # [B, C, L] -> [B, C, 1, L]: a 2-D conv with a 1-row kernel
-        x, weight = x.unsqueeze(2), weight.unsqueeze(2)
+    if spatial == 1:  # a 2-D conv with a 1-row kernel over [B, 1, L, C]
+        weight = weight.unsqueeze(2)
         stride, dilation = [1] + _pair(stride, 1), [1] + _pair(dilation, 1)
         padding = padding if isinstance(padding, str) else [0] + _pair(padding, 1)
     stride, dilation = _pair(stride), _pair(dilation)
@@ -57,8 +57,11 @@ def _conv_nd(x, weight, bias, stride, padding, dilation, groups):
     else:
         p = _pair(padding)
         pads = [p[0], p[0], p[1], p[1]]
-    y = conv2d_nhwc(x.permute(TO_NHWC), weight, bias, stride, pads, dilation, groups).permute(TO_NCHW)
-    return y.squeeze(2) if spatial == 1 else y
+    if spatial == 1:
+        # permute first, then unsqueeze: between two 1-D convs the permutes meet and cancel
+        y = conv2d_nhwc(x.permute(0, 2, 1).unsqueeze(1), weight, bias, stride, pads, dilation, groups)
+        return y.squeeze(1).permute(0, 2, 1)
+    return conv2d_nhwc(x.permute(TO_NHWC), weight, bias, stride, pads, dilation, groups).permute(TO_NCHW)
 
 
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):

@@ -1,0 +1,201 @@
+"""Layout propagation: move permutes past elementwise ops so that NHWC <-> NCHW pairs meet and cancel.
+
+Every convolution and pool arrives as ``permute(op_nhwc(permute(x, to NHWC)), to NCHW)``
+(:mod:`circle_fx.passes.decompositions_nhwc`). Between two convolutions a CNN only has
+elementwise work (BatchNorm's scale and shift, ReLU/ReLU6, hard-swish, residual ADDs), so
+this pass rewrites, in one forward sweep,
+
+    op(permute(a, p), permute(b, p), constant, scalar)  ->  permute(op(a, b, constant'), p)
+
+where ``constant'`` is the constant brought to full rank and permuted by ``p``'s inverse
+(folded at compile time). The permute then sits right in front of the next convolution's
+permute to NHWC and ``fold_views`` (which runs next) cancels the pair. Ops are rewritten
+only when every tensor operand is a permute by the same ``p``, a constant or a scalar, so the
+pass never adds a TRANSPOSE at run time. ``constant_pad_nd`` moves past a permute too (its pads follow their dims), and a zero pad of H and W
+in front of a convolution becomes the convolution's own padding. A permute that only moves size-1 dims (the
+``[B, 1, 1, C] -> [B, C, 1, 1]`` after global pooling) keeps the element order: it becomes a
+reshape, which folds into the flatten after it.
+
+Exact: values are only moved, never recomputed. O(nodes).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..fx_utils import make_node, shape_of, static_shape
+from ..ops_nhwc import conv2d_nhwc
+from .base import Pass
+from .dce import DeadCodeElimination
+from .fold_views import PERMUTE_OPS, FoldViews, permutation
+
+aten = torch.ops.aten
+
+#: ops computed element by element (any extra arguments are scalars): a permute commutes with them
+ELEMENTWISE = {
+    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar,
+    aten.mul.Scalar, aten.div.Scalar, aten.rsub.Scalar, aten.rsub.Tensor, aten.maximum.default, aten.minimum.default,
+    aten.pow.Tensor_Scalar, aten.relu.default, aten.hardtanh.default, aten.clamp.default, aten.clamp_min.default,
+    aten.clamp_max.default, aten.sigmoid.default, aten.tanh.default, aten.gelu.default, aten.silu.default,
+    aten.hardswish.default, aten.hardsigmoid.default, aten.leaky_relu.default, aten.elu.default, aten.neg.default,
+    aten.exp.default, aten.abs.default, aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default,
+    aten.erf.default, aten.where.self, aten._to_copy.default, aten.to.dtype, aten.mish.default,
+}
+
+
+def _is_permute(v) -> bool:
+    return isinstance(v, fx.Node) and v.op == "call_function" and v.target in PERMUTE_OPS
+
+
+def _pads_per_dim(pads, rank: int) -> list[tuple[int, int]]:
+    """torch's pad list (from the last dim backwards) as ``(before, after)`` per dim."""
+    per_dim = [(0, 0)] * rank
+    for i in range(len(pads) // 2):
+        per_dim[rank - 1 - i] = (pads[2 * i], pads[2 * i + 1])
+    return per_dim
+
+
+def _torch_pads(per_dim) -> list[int]:
+    out = []
+    for before, after in reversed(per_dim):
+        out += [before, after]
+    return out
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+class PropagateNHWC(Pass):
+    name = "layout_nhwc"
+
+    def run(self, program) -> bool:
+        g = program.gm.graph
+        changed = False
+        for n in list(g.nodes):  # 1: permutes move down past elementwise ops and pads
+            if n.op != "call_function":
+                continue
+            if n.target in ELEMENTWISE:
+                changed |= self._sink(g, n)
+            elif n.target is aten.constant_pad_nd.default and _is_permute(n.args[0]):
+                changed |= self._sink_pad(g, n)
+        changed |= FoldViews().run(program)  # the pairs that met cancel
+        DeadCodeElimination().run(program)  # their leftovers, so single users are seen as such
+        for n in list(g.nodes):  # 2: pads into convolutions, size-1 permutes into reshapes
+            if n.op != "call_function":
+                continue
+            if n.target is conv2d_nhwc:
+                changed |= self._pad_into_conv(g, n)
+            elif n.target in PERMUTE_OPS:
+                changed |= self._as_reshape(g, n)
+        return changed
+
+    @staticmethod
+    def _sink(g: fx.Graph, n: fx.Node) -> bool:
+        tensors = [a for a in n.args if isinstance(a, fx.Node)]
+        permuted = [a for a in tensors if _is_permute(a)]
+        if not permuted or any(a.kwargs for a in permuted):
+            return False
+        perm = permutation(permuted[0])
+        out_shape = shape_of(n)
+        if out_shape is None or len(out_shape) != len(perm) or n.kwargs.keys() - {"alpha", "dtype"}:
+            return False
+        for a in tensors:
+            if _is_permute(a):
+                if permutation(a) != perm:
+                    return False
+            elif a.op != "get_attr" or len(shape_of(a) or ()) > len(perm):
+                return False
+        inv = _inverse(perm)
+        args = []
+        with g.inserting_before(n):
+            for a in n.args:
+                if _is_permute(a):
+                    args.append(a.args[0])
+                elif isinstance(a, fx.Node):  # a constant: full rank, then permuted like the data
+                    shape = list(shape_of(a))
+                    full = make_node(g, aten.reshape.default, (a, [1] * (len(perm) - len(shape)) + shape), like=n)
+                    args.append(make_node(g, aten.permute.default, (full, inv), like=n))
+                else:
+                    args.append(a)
+            inner = make_node(g, n.target, tuple(args), dict(n.kwargs), like=n)
+            out = make_node(g, aten.permute.default, (inner, perm), like=n)
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+        for a in permuted:
+            if not a.users:
+                g.erase_node(a)
+        return True
+
+    @staticmethod
+    def _sink_pad(g: fx.Graph, n: fx.Node) -> bool:
+        """``pad(permute(a, p))`` -> ``permute(pad(a, pads moved to a's dims), p)`` (TF-style
+        padding in front of a convolution: MobileNetV2, EfficientNet)."""
+        src = n.args[0]
+        perm = permutation(src)
+        per_dim = _pads_per_dim(n.args[1], len(perm))
+        moved = [None] * len(perm)
+        for i, d in enumerate(perm):
+            moved[d] = per_dim[i]
+        with g.inserting_before(n):
+            inner = make_node(g, aten.constant_pad_nd.default, (src.args[0], _torch_pads(moved), *n.args[2:]), like=n)
+            out = make_node(g, aten.permute.default, (inner, perm), like=n)
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+        if not src.users:
+            g.erase_node(src)
+        return True
+
+    @staticmethod
+    def _pad_into_conv(g: fx.Graph, n: fx.Node) -> bool:
+        """A zero ``pad`` of H and W only (read directly, or through the permute to NHWC of
+        the model's input) becomes the convolution's own padding, so the lowering can pick
+        SAME and drop the PAD."""
+        x = n.args[0]
+        perm = None
+        if _is_permute(x) and len(x.users) == 1:
+            perm, pad = permutation(x), x.args[0]
+        else:
+            pad = x
+        if not (isinstance(pad, fx.Node) and pad.target is aten.constant_pad_nd.default and len(pad.users) == 1):
+            return False
+        value = pad.args[2] if len(pad.args) > 2 else 0
+        per_dim = _pads_per_dim(pad.args[1], 4)
+        if perm is not None:
+            per_dim = [per_dim[d] for d in perm]
+        if value != 0 or per_dim[0] != (0, 0) or per_dim[3] != (0, 0):
+            return False
+        (top, bottom), (left, right) = per_dim[1], per_dim[2]
+        _, w, b, stride, padding, dilation, groups = n.args
+        padding = [padding[0] + top, padding[1] + bottom, padding[2] + left, padding[3] + right]
+        with g.inserting_before(n):
+            src = pad.args[0]
+            if perm is not None:
+                src = make_node(g, aten.permute.default, (src, perm), like=x)
+            new = make_node(g, conv2d_nhwc, (src, w, b, stride, padding, dilation, groups), like=n)
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+        if perm is not None:
+            g.erase_node(x)
+        g.erase_node(pad)
+        return True
+
+    @staticmethod
+    def _as_reshape(g: fx.Graph, n: fx.Node) -> bool:
+        """A permute that keeps the order of the dims larger than 1 is a reshape."""
+        src = static_shape(n.args[0])
+        out = static_shape(n)
+        if src is None or out is None:
+            return False
+        perm = permutation(n)
+        moved = [p for p in perm if src[p] != 1]
+        if moved != sorted(moved):
+            return False
+        with g.inserting_before(n):
+            new = make_node(g, aten.reshape.default, (n.args[0], list(out)), like=n)
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+        return True
