@@ -21,7 +21,7 @@ from .fuse import FusePatterns, FusionRecord
 from .fold_views import FoldViews
 from .manager import Pipeline, run_passes
 from .merge_linears import MergeLinears
-from .nhwc import PropagateNHWC
+from .nhwc import NHWCPadsIntoConvs, PropagateNHWC
 
 
 def fuse_family(family, record_failures: bool = False) -> FusePatterns:
@@ -42,7 +42,8 @@ def fuse_passes(record_failures: bool = False) -> list[FusePatterns]:
 def default_pipeline() -> Pipeline:
     """A fresh copy of the default pass list; safe to edit."""
     return Pipeline([DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(), *fuse_passes(),
-                     MergeLinears(), PropagateNHWC(), FoldViews(), DeadCodeElimination()])
+                     MergeLinears(), PropagateNHWC(), FoldViews(), DeadCodeElimination(), NHWCPadsIntoConvs(),
+                     DeadCodeElimination()])
 
 
 def finalize_pipeline() -> Pipeline:
@@ -51,6 +52,6 @@ def finalize_pipeline() -> Pipeline:
 
 
 __all__ = ["Pass", "PassLike", "pass_name", "Canonicalize", "DeadCodeElimination", "DecomposeComposites", "FoldConstants",
-           "FusePatterns", "FusionRecord", "MergeLinears", "PropagateNHWC", "FoldViews", "Pipeline", "run_passes", "fuse_family",
+           "FusePatterns", "FusionRecord", "MergeLinears", "PropagateNHWC", "NHWCPadsIntoConvs", "FoldViews", "Pipeline", "run_passes", "fuse_family",
            "fuse_passes", "fuse_rms_norm",
            "default_pipeline", "finalize_pipeline"]

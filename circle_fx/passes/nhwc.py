@@ -9,7 +9,8 @@ this pass rewrites, in one forward sweep,
 
 where ``constant'`` is the constant brought to full rank and permuted by ``p``'s inverse
 (folded at compile time). The permute then sits right in front of the next convolution's
-permute to NHWC and ``fold_views`` (which runs next) cancels the pair. Ops are rewritten
+permute to NHWC and ``fold_views`` (which runs next) cancels the pair; ``nhwc_pads`` (after it)
+folds zero pads into convolutions. Ops are rewritten
 only when every tensor operand is a permute by the same ``p``, a constant or a scalar, so the
 pass never adds a TRANSPOSE at run time. ``constant_pad_nd`` moves past a permute too (its pads follow their dims), and a zero pad of H and W
 in front of a convolution becomes the convolution's own padding. A permute that only moves size-1 dims (the
@@ -26,8 +27,7 @@ import torch.fx as fx
 from ..fx_utils import make_node, shape_of, static_shape
 from ..ops_nhwc import conv2d_nhwc
 from .base import Pass
-from .dce import DeadCodeElimination
-from .fold_views import PERMUTE_OPS, FoldViews, permutation
+from .fold_views import PERMUTE_OPS, permutation
 
 aten = torch.ops.aten
 
@@ -43,8 +43,17 @@ ELEMENTWISE = {
 }
 
 
+#: the permutes the convolution decompositions produce (to/from NHWC, to/from NLC); others
+#: (attention heads...) are left where the model put them
+LAYOUT_PERMS = {(0, 2, 3, 1), (0, 3, 1, 2), (0, 2, 1)}
+
+
 def _is_permute(v) -> bool:
     return isinstance(v, fx.Node) and v.op == "call_function" and v.target in PERMUTE_OPS
+
+
+def _is_layout_permute(v) -> bool:
+    return _is_permute(v) and tuple(permutation(v)) in LAYOUT_PERMS
 
 
 def _pads_per_dim(pads, rank: int) -> list[tuple[int, int]]:
@@ -75,22 +84,13 @@ class PropagateNHWC(Pass):
     def run(self, program) -> bool:
         g = program.gm.graph
         changed = False
-        for n in list(g.nodes):  # 1: permutes move down past elementwise ops and pads
+        for n in list(g.nodes):
             if n.op != "call_function":
                 continue
             if n.target in ELEMENTWISE:
                 changed |= self._sink(g, n)
-            elif n.target is aten.constant_pad_nd.default and _is_permute(n.args[0]):
+            elif (n.target is aten.constant_pad_nd.default and _is_layout_permute(n.args[0])):
                 changed |= self._sink_pad(g, n)
-        changed |= FoldViews().run(program)  # the pairs that met cancel
-        DeadCodeElimination().run(program)  # their leftovers, so single users are seen as such
-        for n in list(g.nodes):  # 2: pads into convolutions, size-1 permutes into reshapes
-            if n.op != "call_function":
-                continue
-            if n.target is conv2d_nhwc:
-                changed |= self._pad_into_conv(g, n)
-            elif n.target in PERMUTE_OPS:
-                changed |= self._as_reshape(g, n)
         return changed
 
     @staticmethod
@@ -99,10 +99,14 @@ class PropagateNHWC(Pass):
         permuted = [a for a in tensors if _is_permute(a)]
         if not permuted or any(a.kwargs for a in permuted):
             return False
+        if any(_is_permute(a.args[0]) for a in permuted):
+            return False  # a permute of a permute: fold_views composes or cancels them first
         perm = permutation(permuted[0])
         out_shape = shape_of(n)
-        if out_shape is None or len(out_shape) != len(perm) or n.kwargs.keys() - {"alpha", "dtype"}:
+        if tuple(perm) not in LAYOUT_PERMS or n.kwargs.keys() - {"alpha", "dtype"}:
             return False
+        if out_shape is None or [str(d) for d in out_shape] != [str(d) for d in shape_of(permuted[0])]:
+            return False  # a constant that broadcasts the result larger: the TRANSPOSE would grow
         for a in tensors:
             if _is_permute(a):
                 if permutation(a) != perm:
@@ -148,6 +152,25 @@ class PropagateNHWC(Pass):
         if not src.users:
             g.erase_node(src)
         return True
+
+
+class NHWCPadsIntoConvs(Pass):
+    """After ``fold_views``: a zero pad in front of a convolution becomes its padding, and a
+    layout permute that only moves size-1 dims becomes a reshape."""
+
+    name = "nhwc_pads"
+
+    def run(self, program) -> bool:
+        g = program.gm.graph
+        changed = False
+        for n in list(g.nodes):
+            if n.op != "call_function":
+                continue
+            if n.target is conv2d_nhwc:
+                changed |= self._pad_into_conv(g, n)
+            elif _is_layout_permute(n):
+                changed |= self._as_reshape(g, n)
+        return changed
 
     @staticmethod
     def _pad_into_conv(g: fx.Graph, n: fx.Node) -> bool:
