@@ -35,8 +35,10 @@ class Cover(nn.Module):
     def forward(self, ids, x):
         h = self.norm(self.lin(self.emb(ids) + x)) * self.scale  # GATHER ADD FC RESHAPE RMS_NORM MUL
         # TRANSPOSE ADD BATCH_MATMUL SOFTMAX (the ADD keeps the TRANSPOSE: BATCH_MATMUL would
-        # otherwise read h itself with adjointRhs, see circle_fx/emit/legalize/peephole.py)
-        p = torch.softmax(h @ (h.transpose(1, 2) + 0.5), -1)
+        # otherwise read h itself with adjointRhs, see circle_fx/emit/legalize/peephole.py; its
+        # other operand is a run-time tensor that is no permute, so layout_nhwc cannot move the
+        # transpose past it either)
+        p = torch.softmax(h @ (h.transpose(1, 2) + x[:, None, :, 0]), -1)
         c = torch.cat([p, h[:, :, 1:3]], -1)  # STRIDED_SLICE CONCATENATION
         return c.mean(-1), c.sum(1).reshape(-1)  # MEAN SUM RESHAPE
 
