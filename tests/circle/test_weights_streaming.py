@@ -134,8 +134,12 @@ def test_external_layout_round_trips_bit_exactly(big, tmp_path):
     flat_len = len(cm.serialized.flatbuffer)
     consts = [a for a in cm.builder.buffers if a is not None]
     seen = []
+    metadata = {m.Metadata(j).Buffer() for j in range(m.MetadataLength())}  # small JSON, inline by design
     for i in range(m.BuffersLength()):
         b = m.Buffers(i)
+        if i in metadata:
+            assert b.Offset() == 0 and b.DataLength() > 0, f"metadata buffer {i} is not inline"
+            continue
         if b.Offset() == 0:
             assert b.DataIsNone() or b.DataLength() == 0, f"buffer {i} mixes inline data and offset"
             continue
@@ -146,7 +150,7 @@ def test_external_layout_round_trips_bit_exactly(big, tmp_path):
         arr = cm.builder.buffers[i]
         assert size == arr.nbytes
         assert np.array_equal(buf[off: off + size], arr.reshape(-1).view(np.uint8)), f"buffer {i} differs"
-    assert len(seen) == len(consts)
+    assert len(seen) + len(metadata) == len(consts)
     spans = sorted(seen)
     assert all(a_off + a_size <= b_off for (a_off, a_size), (b_off, _) in zip(spans, spans[1:])), "overlap"
     weights = _tensor_buffer(m, (ROWS, COLS))

@@ -84,14 +84,14 @@ def test_family_fuses_every_rms_norm_and_matches_eager(family: Family, record_pr
 
     # capture + lower (what export does), keeping the program: the CircleModel does not hold it
     program = circle_fx.capture(model, (ids,), family.example_kwargs)
-    cm = circle_fx.api.lower(program)  # module attribute: the verify hook in conftest wraps it
+    # clamp_indices=False: the id clamp's CAST pair would read as unfolded mask arithmetic below
+    cm = circle_fx.api.lower(program, clamp_indices=False)
 
-    fusions = cm.report.fusions
+    fusions = [f for f in cm.report.fusions if f.kind == "rms_norm"]  # other families (gelu_tanh) may fuse too
     hist = cm.op_histogram()
     assert len(fusions) == executed_norms, (
         f"{family.name}: {executed_norms} RMSNorm calls (unused modules: {unused}) "
         f"but {len(fusions)} fusions\n{cm.summary()}")
-    assert {f.kind for f in fusions} == {"rms_norm"}, [f.kind for f in fusions]
     assert hist["RMS_NORM"] == executed_norms, cm.summary()
 
     leftover = {op: hist[op] for op in NORM_ARITHMETIC if hist[op] and op not in family.allowed_ops}

@@ -131,7 +131,8 @@ def test_registered_family_gets_its_fuse_pass(gelu_family):
     names = circle_fx.default_pipeline().names()
     fuse = [f"fuse_{f.name}" for f in families()]
     assert fuse[-1] == "fuse_gelu_erf"
-    assert names == ["decompose", "canonicalize", "fold_constants", "dce", *fuse, "merge_linears", "fold_views", "dce"]
+    head = ["decompose", "canonicalize", "fold_constants", "dce"]
+    assert names[:len(head) + len(fuse) + 1] == [*head, *fuse, "merge_linears"]  # the layout passes follow
 
 
 def test_unregistered_family_leaves_the_pipeline():
