@@ -286,14 +286,16 @@ def main(argv=None) -> int:
     python = {e: (args.et_python if e.startswith("et-") else sys.executable) for e in engines}
     for e in engines:
         if e in CIRCLE_MODES and e not in known:
-            notes[e], _ = f"circle_fx has no quantize={CIRCLE_MODES[e]!r}", failed.add(e)
+            notes[e] = f"circle_fx has no quantize={CIRCLE_MODES[e]!r}"
+            failed.add(e)
             continue
         art = os.path.join(work, e)
         if e != "torch" and not os.path.isdir(art):
             print(f"building {e} ...", file=sys.stderr)
             _, err = spawn(python[e], ["--child", "build", "--engine", e, "--art", art], threads=2)
             if err:
-                notes[e], _ = f"build failed: {err[:120]}", failed.add(e)
+                notes[e] = f"build failed: {err[:120]}"
+                failed.add(e)
     live = [e for e in engines if e not in failed]
     results = {(e, t): [] for e in live for t in threads}
     for r in range(args.rounds):
