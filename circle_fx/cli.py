@@ -141,6 +141,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    from .quiet import preload_noisy_libraries
+
+    preload_noisy_libraries()
     try:
         return args.func(args)
     except CircleFxError as e:

@@ -73,6 +73,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m circle_fx.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", default="demo_out", help="where to write tiny_llama.circle (default: demo_out)")
     args = parser.parse_args(argv)
+    from .quiet import preload_noisy_libraries
+
+    preload_noisy_libraries()
     from .errors import CircleFxError
 
     try:

@@ -294,3 +294,16 @@ def test_demo_exports_runs_and_compares(capsys, tmp_path):
     assert diff <= demo.TOLERANCE
     assert "circle_fx model summary" in out and "RMS_NORM             5" in out
     assert "fusions applied: 5" in out
+
+
+def test_demo_prints_no_library_noise(tmp_path):
+    """`make demo` runs this: transformers imports torchao, whose import prints 'Failed to load'
+    and pytree warnings; the tools drop that (circle_fx/quiet.py), so stderr stays empty."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "circle_fx.demo", "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "", p.stderr
+    assert "OK" in p.stdout
