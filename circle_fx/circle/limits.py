@@ -24,6 +24,11 @@ ELEMENTWISE = 6
 SELECT_V2_BROADCAST = 4
 #: LESS / GREATER / EQUAL / NOT_EQUAL ...: wrong booleans, no error, at rank 5 (shapes equal or not)
 COMPARISON = 4
+#: DEPTHWISE_CONV_2D output depth (input channels x multiplier): one channel more and onert
+#: 0.1.0 never returns (its float kernel accumulates at most 4832 values per step and steps
+#: ``4832 // depth`` output pixels at a time: zero). Measured: 4832 runs, 4848 hangs, for any
+#: kernel size or length (docs/onert-findings.md, "DEPTHWISE_CONV_2D deeper than 4832 hangs").
+DEPTHWISE_DEPTH = 4832
 COMPARISONS = frozenset({"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL"})
 
 
@@ -54,8 +59,8 @@ _REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX"})
 
 
 def rank_problem(name: str, input_dims: list[list], output_dims: list) -> str | None:
-    """Why onert 0.1.0 would refuse, crash on or miscompute operator ``name`` with operands of
-    these ranks (a message), or None when they are within its limits."""
+    """Why onert 0.1.0 would refuse, crash on, hang on or miscompute operator ``name`` with
+    operands of these dims (a message), or None when they are within its limits."""
     if name == "RMS_NORM" and input_dims and len(input_dims[0]) not in RMS_NORM:
         return f"input rank {len(input_dims[0])}; onert's RMS_NORM takes rank {' or '.join(map(str, RMS_NORM))}"
     if name == "BATCH_MATMUL" and not all(2 <= len(d) <= BATCH_MATMUL for d in input_dims[:2]):
@@ -64,6 +69,9 @@ def rank_problem(name: str, input_dims: list[list], output_dims: list) -> str | 
         return f"input rank {len(input_dims[0])}; onert's reductions take rank <= {REDUCE}"
     if name == "STRIDED_SLICE" and input_dims and len(input_dims[0]) > STRIDED_SLICE:
         return f"input rank {len(input_dims[0])}; onert's STRIDED_SLICE takes rank <= {STRIDED_SLICE}"
+    if name == "DEPTHWISE_CONV_2D" and output_dims and output_dims[-1] > DEPTHWISE_DEPTH:
+        return (f"output depth {output_dims[-1]}; onert's DEPTHWISE_CONV_2D hangs (never returns) "
+                f"beyond depth {DEPTHWISE_DEPTH}")
     if name == "BROADCAST_TO" and len(output_dims) > BROADCAST_TO:
         return (f"rank {len(output_dims)}; onert's BROADCAST_TO is correct up to rank {BROADCAST_TO} only "
                 "(6: wrong values, 7: crash)")

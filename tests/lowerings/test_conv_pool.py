@@ -70,3 +70,20 @@ def test_unsupported_forms_name_the_op():
         circle_fx.export(nn.AdaptiveAvgPool2d((2, 5)).eval(), (X4,))  # 9 % 2, 12 % 5: no fixed window
     with pytest.raises(CircleFxError, match="must be a constant"):
         circle_fx.export(Fn(lambda x, w: torch.nn.functional.conv2d(x, w)), (X3, r(2, 3, 3, 3)))
+
+
+@pytest.mark.parametrize("module, x", [
+    # Kimi-Linear's short convolution shape: causal depthwise conv1d over thousands of channels
+    (nn.Conv1d(4848, 4848, 4, padding=3, groups=4848, bias=False), r(1, 4848, 6)),
+    # a channel multiplier: 2500 input channels, 5000 deep, split on whole input channels
+    (nn.Conv2d(2500, 5000, 3, padding=1, groups=2500), r(1, 2500, 3, 3)),
+], ids=["conv1d_4848", "multiplier2_5000"])
+def test_depthwise_deeper_than_onert_runs_is_split_by_channels(module, x):
+    """onert 0.1.0's DEPTHWISE_CONV_2D never returns beyond depth ``limits.DEPTHWISE_DEPTH``:
+    the ranks legalization step runs it as channel slices (export's verify would refuse an
+    unsplit one before onert could hang on it)."""
+    from circle_fx.circle import limits
+    cm = assert_onert_matches_eager(module, (x,), rtol=1e-4, atol=1e-5)
+    assert cm.op_histogram()["DEPTHWISE_CONV_2D"] == 2, cm.op_histogram()
+    assert limits.rank_problem("DEPTHWISE_CONV_2D", [], [1, 1, 6, limits.DEPTHWISE_DEPTH]) is None
+    assert "hangs" in limits.rank_problem("DEPTHWISE_CONV_2D", [], [1, 1, 6, limits.DEPTHWISE_DEPTH + 1])

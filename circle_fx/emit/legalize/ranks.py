@@ -17,6 +17,11 @@ operand broadcasts the same way (each operand is either 1 or full there) are mul
 into one dim. RESHAPE in, the op on the folded shapes, RESHAPE out: exact, since row-major
 order is unchanged (the peephole then merges back-to-back RESHAPEs between folded ops).
 Operators onert already computes correctly are left as they are.
+
+DEPTHWISE_CONV_2D deeper than ``limits.DEPTHWISE_DEPTH`` channels (onert never returns) runs
+as channel slices: STRIDED_SLICE of the input per slice, one DEPTHWISE_CONV_2D on the matching
+filter and bias columns, a CONCATENATION along channels. Depthwise channels are independent,
+so this is exact (Kimi-Linear's short convolution over q, k and v is 12288 deep).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import numpy as np
 
 from ...circle import dims, limits
 from ...circle.limits import elementwise_max_rank
+from ...circle.schema import CIRCLE_TO_NUMPY, QuantParams, make_options as options
 from ...errors import UnsupportedOpError
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
@@ -94,8 +100,71 @@ def _fold_rms_norm(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | N
     return new_ops
 
 
+def _split_depthwise(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    """A DEPTHWISE_CONV_2D deeper than ``limits.DEPTHWISE_DEPTH`` as slices of whole input
+    channels (each with its ``multiplier`` output channels) within the limit."""
+    x, w, b = op.inputs[:3]
+    out_t = op.outputs[0]
+    out, x_dims = mb.dims(out_t), mb.dims(x)
+    depth = out[-1]
+    if depth <= limits.DEPTHWISE_DEPTH or x_dims[-1] <= 0 or depth % x_dims[-1]:
+        return None
+    mult = depth // x_dims[-1]
+    winfo = mb.tensors[w]
+    if not winfo.buffer or (b >= 0 and not mb.tensors[b].buffer):
+        return None  # a run-time filter: the check after this step names the operator
+    per = max(limits.DEPTHWISE_DEPTH // mult, 1)  # input channels per slice
+    n = -(-x_dims[-1] // per)
+    per = -(-x_dims[-1] // n)  # balanced slices
+    filt = _values(mb, w)
+    bias = _values(mb, b).reshape(-1) if b >= 0 else None
+    xinfo, oinfo = mb.tensors[x], mb.tensors[out_t]
+    new_ops, pieces = [], []
+    for k, c0 in enumerate(range(0, x_dims[-1], per)):
+        c1 = min(c0 + per, x_dims[-1])
+        rank = len(x_dims)
+        begin, end = [0] * (rank - 1) + [c0], [0] * (rank - 1) + [c1]
+        mask = (1 << (rank - 1)) - 1  # whole extent of every dim but channels (dynamic ones too)
+        consts = [mb.add_constant(f"{xinfo.name}/depth{k}_{name}", np.asarray(v, np.int32))
+                  for name, v in (("begin", begin), ("end", end), ("strides", [1] * rank))]
+        xs = mb.add_tensor(f"{xinfo.name}/depth{k}", list(xinfo.shape[:-1]) + [c1 - c0], xinfo.type, 0,
+                           x_dims[:-1] + [c1 - c0] if -1 in x_dims else None, xinfo.quantization)
+        new_ops.append(OperatorInfo(BO.STRIDED_SLICE, [x, *consts], [xs],
+                                    options("StridedSliceOptions", beginMask=mask, endMask=mask), op.source))
+        cols = slice(c0 * mult, c1 * mult)
+        wk = mb.add_constant(f"{winfo.name}/depth{k}", np.ascontiguousarray(filt[..., cols]),
+                             quantization=_columns(winfo.quantization, cols))
+        ins = [xs, wk]
+        if b >= 0:
+            ins.append(mb.add_constant(f"{mb.tensors[b].name}/depth{k}", np.ascontiguousarray(bias[cols]),
+                                       quantization=_columns(mb.tensors[b].quantization, cols)))
+        ins += op.inputs[3:]
+        ys = mb.add_tensor(f"{oinfo.name}/depth{k}", list(oinfo.shape[:-1]) + [(c1 - c0) * mult], oinfo.type, 0,
+                           out[:-1] + [(c1 - c0) * mult] if -1 in out else None, oinfo.quantization)
+        new_ops.append(OperatorInfo(op.code, ins, [ys], op.options, op.source))
+        pieces.append(ys)
+    new_ops.append(OperatorInfo(BO.CONCATENATION, pieces, [out_t],
+                                options("ConcatenationOptions", axis=len(out) - 1), op.source))
+    return new_ops
+
+
+def _values(mb: ModelBuilder, t: int) -> np.ndarray:
+    """Constant ``t``'s values, read as its own type and shape."""
+    info = mb.tensors[t]
+    data, want = np.asarray(mb.buffers[info.buffer]), CIRCLE_TO_NUMPY[info.type]
+    return (data if data.dtype == want else data.view(want)).reshape(info.shape)
+
+
+def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:
+    """The quantization of channel columns ``cols`` (per-channel scales sliced with them)."""
+    if q is None or len(q.scale) == 1:
+        return q
+    return QuantParams(q.scale[cols], q.zero_point[cols], q.axis)
+
+
 #: Circle op -> its fold (replacement operators, or None when it is within its limit)
-FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm}
+FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm,
+         BO.DEPTHWISE_CONV_2D: _split_depthwise}
 
 
 def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):
