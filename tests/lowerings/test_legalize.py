@@ -59,3 +59,18 @@ def test_ranks_step_runs_rms_norm_of_any_rank_as_three_d():
     norm = next(op for op in mb.operators if op.code == BO.RMS_NORM)
     assert mb.dims(norm.inputs[0]) == [1, 6, 8] and norm.inputs[1] == gamma
     assert [op.code for op in mb.operators] == [BO.RESHAPE, BO.RMS_NORM, BO.RESHAPE]
+
+
+def test_ranks_step_folds_broadcast_to_by_runs():
+    mb = _one_op(BO.BROADCAST_TO, [[2, 1, 1, 4, 5, 1]], [2, 3, 6, 4, 5, 7], consts=([2, 3, 6, 4, 5, 7],))
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    (bcast,) = [op for op in mb.operators if op.code == BO.BROADCAST_TO]
+    assert mb.dims(bcast.inputs[0]) == [2, 1, 20, 1] and mb.dims(bcast.outputs[0]) == [2, 18, 20, 7]
+
+
+def test_ranks_step_refuses_a_broadcast_no_fold_brings_within_rank_five():
+    from circle_fx.errors import UnsupportedOpError
+
+    mb = _one_op(BO.BROADCAST_TO, [[2, 1, 2, 1, 2, 1]], [2, 3, 2, 3, 2, 3], consts=([2, 3, 2, 3, 2, 3],))
+    with pytest.raises(UnsupportedOpError, match="model.py:7 needs a rank-6 BROADCAST_TO"):
+        legalize(mb, set(mb.inputs) | set(mb.outputs))

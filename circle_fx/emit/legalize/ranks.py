@@ -40,7 +40,16 @@ ELEMENTWISE = {getattr(BO, n) for n in limits.BINARY_ELEMENTWISE + limits.UNARY_
 
 def legalize(mb: ModelBuilder) -> int:
     """Fold every operator above its rank limit (:data:`FOLDS`), in place; return how many."""
-    return mb.rewrite_operators(lambda op: FOLDS[op.code](mb, op) if op.code in FOLDS else None)
+    return mb.rewrite_operators(lambda op: _folded(mb, op))
+
+
+def _folded(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    """``op``'s fold, with the operators a fold emits folded in turn (a matmul whose batch
+    runs alternate emits a BROADCAST_TO, itself maybe above its limit); None: within limits."""
+    new = FOLDS[op.code](mb, op) if op.code in FOLDS else None
+    if new is None:
+        return None
+    return [o for n in new for o in ((_folded(mb, n) or [n]) if n is not op else [n])]
 
 
 def _fold_elementwise(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
@@ -148,6 +157,33 @@ def _split_depthwise(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] |
     return new_ops
 
 
+def _fold_broadcast_to(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    """BROADCAST_TO above rank ``limits.BROADCAST_TO`` (6: wrong values, 7: crash) needs one dim
+    per run of neighbouring positions all repeated or all kept (target size-1 positions drop
+    out), rarely more than three: RESHAPE in, the broadcast on the runs, RESHAPE out."""
+    x, out_t = op.inputs[0], op.outputs[0]
+    dst = mb.dims(out_t)
+    if len(dst) <= limits.BROADCAST_TO:
+        return None
+    src = dims.padded(mb.dims(x), len(dst))
+    if -1 in src or -1 in dst:
+        return None  # BROADCAST_TO takes a constant shape: the check after this step names it
+    groups = dims.runs([own == want for own, want in zip(src, dst)], skip=lambda k: dst[k] == 1)
+    if len(groups) > limits.BROADCAST_TO:
+        where = f" at {op.source}" if op.source else ""
+        raise UnsupportedOpError(
+            f"broadcasting {src} to {dst}{where} needs a rank-{len(groups)} BROADCAST_TO; onert 0.1.0's is "
+            f"correct up to rank {limits.BROADCAST_TO} only", [("BROADCAST_TO", "", op.source or "")])
+    own, want = dims.fold(src, groups), dims.fold(dst, groups)
+    xv, new_ops = mb.reshaped(x, own, own, f"{mb.tensors[x].name}/folded", op.source)
+    info = mb.tensors[out_t]
+    mid = mb.add_tensor(f"{info.name}/folded", want, info.type, 0, None, info.quantization)
+    new_ops.append(OperatorInfo(op.code, [xv, _shape_const(mb, f"{info.name}/folded", want)], [mid], op.options,
+                                op.source))
+    new_ops.append(OperatorInfo(BO.RESHAPE, [mid, _shape_const(mb, info.name, dst)], [out_t], None, op.source))
+    return new_ops
+
+
 def _values(mb: ModelBuilder, t: int) -> np.ndarray:
     """Constant ``t``'s values, read as its own type and shape."""
     info = mb.tensors[t]
@@ -164,7 +200,7 @@ def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:
 
 #: Circle op -> its fold (replacement operators, or None when it is within its limit)
 FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm,
-         BO.DEPTHWISE_CONV_2D: _split_depthwise}
+         BO.DEPTHWISE_CONV_2D: _split_depthwise, BO.BROADCAST_TO: _fold_broadcast_to}
 
 
 def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):

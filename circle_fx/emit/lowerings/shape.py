@@ -15,7 +15,6 @@ from ...circle.dims import around, padded
 from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
-from ._broadcast_fold import MAX_RANK as BROADCAST_MAX_RANK, broadcast_to
 from ._common import BO, options
 
 aten = torch.ops.aten
@@ -85,8 +84,8 @@ def expand(ctx, node):
     if src == out:
         ctx.op(BO.RESHAPE, [x, ctx.int_const(out)], [ctx.output(node)])
         return
-    if len(out) > BROADCAST_MAX_RANK:  # onert's BROADCAST_TO is wrong above rank 5: fold dims first
-        broadcast_to(ctx, x, padded(src, len(out)), out, ctx.output(node))
+    if len(out) > limits.BROADCAST_TO:  # no rank-padding RESHAPE: the ranks step folds it in
+        ctx.op(BO.BROADCAST_TO, [x, ctx.int_const(out)], [ctx.output(node)])
         return
     if len(src) < len(out):  # leading new dims: make ranks equal first
         src = padded(src, len(out))
