@@ -249,7 +249,7 @@ def markdown(rows: list[dict]) -> str:
         "   are brought to the form the RMSNorm fusion matches.",
         "5. **onert's limits** (`circle/limits.py`, measured in `docs/onert-findings.md`): BATCH_MATMUL and",
         "   reductions run at rank <= 4, comparisons and broadcasting SELECT_V2 are silently wrong above",
-        "   rank 4. Matmuls of any rank fold their batch dims (`emit/lowerings/_matmul_fold.py`), reductions",
+        "   rank 4. `emit/legalize/ranks.py` folds matmul batch dims and BROADCAST_TO after lowering, reductions",
         "   and slices fold their dims, and `emit/legalize/ranks.py` folds every elementwise op after lowering",
         "   (linear-attention and Mamba-2 chunked scans are 5-D); what cannot fold is an export error.",
         "   A constant matmul LHS (refused by onert) is emitted as `(B^T @ A^T)^T`. Element types: an",

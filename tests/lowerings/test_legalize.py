@@ -74,3 +74,22 @@ def test_ranks_step_refuses_a_broadcast_no_fold_brings_within_rank_five():
     mb = _one_op(BO.BROADCAST_TO, [[2, 1, 2, 1, 2, 1]], [2, 3, 2, 3, 2, 3], consts=([2, 3, 2, 3, 2, 3],))
     with pytest.raises(UnsupportedOpError, match="model.py:7 needs a rank-6 BROADCAST_TO"):
         legalize(mb, set(mb.inputs) | set(mb.outputs))
+
+
+def test_ranks_step_folds_a_rank5_batch_matmul_into_rank4():
+    mb = _one_op(BO.BATCH_MATMUL, [[2, 1, 3, 4, 5], [1, 4, 3, 5, 6]], [2, 4, 3, 4, 6],
+                 opts=make_options("BatchMatMulOptions"))
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    (mm,) = [op for op in mb.operators if op.code == BO.BATCH_MATMUL]
+    # runs: [2] 1 in b, [1] 1 in a, [3] same -> three runs: expanded to one batch dim of 24
+    assert mb.dims(mm.inputs[0]) == [24, 4, 5] and mb.dims(mm.inputs[1]) == [24, 5, 6]
+    assert [op.code for op in mb.operators].count(BO.BROADCAST_TO) == 2
+
+
+def test_ranks_step_folds_two_broadcast_runs_without_expanding():
+    mb = _one_op(BO.BATCH_MATMUL, [[2, 3, 1, 1, 4, 5], [1, 1, 6, 7, 5, 6]], [2, 3, 6, 7, 4, 6],
+                 opts=make_options("BatchMatMulOptions"))
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    assert BO.BROADCAST_TO not in [op.code for op in mb.operators]
+    (mm,) = [op for op in mb.operators if op.code == BO.BATCH_MATMUL]
+    assert mb.dims(mm.inputs[0]) == [6, 1, 4, 5] and mb.dims(mm.inputs[1]) == [42, 5, 6]

@@ -1,5 +1,5 @@
 """``A @ B`` with a constant ``A``: onert 0.1.0 refuses a constant BATCH_MATMUL lhs at load
-("OperationValidator failed at line 123"), so ``_matmul_fold.batch_matmul`` (the one place that
+("OperationValidator failed at line 123"), so ``_matmul.batch_matmul`` (the one place that
 emits BATCH_MATMUL) computes ``(B^T @ A^T)^T``, whichever lowering calls it and whatever the
 ranks, 1-D operands included. Each case runs in onert against eager."""
 from __future__ import annotations

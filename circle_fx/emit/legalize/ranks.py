@@ -18,6 +18,10 @@ into one dim. RESHAPE in, the op on the folded shapes, RESHAPE out: exact, since
 order is unchanged (the peephole then merges back-to-back RESHAPEs between folded ops).
 Operators onert already computes correctly are left as they are.
 
+BATCH_MATMUL above rank 4 (refused at prepare), BROADCAST_TO above rank 5 (wrong values at 6,
+a crash at 7): neighbouring batch / broadcast positions that behave alike are multiplied into
+one dim, as for elementwise operators (:func:`_fold_batch_matmul`, :func:`_fold_broadcast_to`).
+
 DEPTHWISE_CONV_2D deeper than ``limits.DEPTHWISE_DEPTH`` channels (onert never returns) runs
 as channel slices: STRIDED_SLICE of the input per slice, one DEPTHWISE_CONV_2D on the matching
 filter and bias columns, a CONCATENATION along channels. Depthwise channels are independent,
@@ -184,6 +188,85 @@ def _fold_broadcast_to(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]
     return new_ops
 
 
+SAME, ONE_IN_A, ONE_IN_B = "same", "a1", "b1"
+
+
+def _fold_batch_matmul(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    """BATCH_MATMUL with an operand above rank ``limits.BATCH_MATMUL`` (onert 0.1.0 refuses
+    rank 5 at prepare). Within rank 4 onert broadcasts freely (either operand's batch dims may
+    be 1 against the other's, both ways at once, ranks may differ: docs/onert-findings.md §3),
+    so batch positions (right-aligned; a missing one counts as 1) are classed by how they
+    broadcast: same size in both, 1 in ``a`` only, 1 in ``b`` only. Positions 1 in both drop;
+    consecutive positions of one class multiply into one dim (row-major: every RESHAPE is
+    exact). Two runs fit in rank 4; more (1s alternating between the operands, rare) are
+    broadcast to the full batch first (:func:`_expand_batch`), which makes it one run."""
+    a, b = op.inputs[:2]
+    out_t = op.outputs[0]
+    ad, bd = mb.dims(a), mb.dims(b)
+    if min(len(ad), len(bd)) < 2 or max(len(ad), len(bd)) <= limits.BATCH_MATMUL:
+        return None  # a 1-D operand is not Circle: the check after this step names it
+    ah, bh = list(mb.tensors[a].shape), list(mb.tensors[b].shape)
+    n = max(len(ad), len(bd)) - 2
+    pa, pha, pb, phb = (dims.padded(d[:-2], n) for d in (ad, ah, bd, bh))
+    # a static 1 against anything else broadcasts; otherwise the sizes are equal; 1 in both: dropped
+    kinds = [ONE_IN_A if x == 1 else ONE_IN_B if y == 1 else SAME for x, y in zip(pa, pb)]
+    groups = dims.runs(kinds, skip=lambda k: pa[k] == 1 and pb[k] == 1)
+    new_ops: list[OperatorInfo] = []
+    if len(groups) > limits.BATCH_MATMUL - 2:
+        a, b, pa, pha, pb, phb, groups = _expand_batch(mb, op, groups, pa, pb, ad[-2:], bd[-2:], new_ops)
+    ga, gha, gb, ghb = (dims.fold(d, groups) if groups else [] for d in (pa, pha, pb, phb))
+    a = _mm_operand(mb, a, ga + ad[-2:], gha + ah[-2:], "lhs", op.source, new_ops)
+    b = _mm_operand(mb, b, gb + bd[-2:], ghb + bh[-2:], "rhs", op.source, new_ops)
+    batch = [y if kind == ONE_IN_A else x if kind == ONE_IN_B or x != -1 else y
+             for (kind, _), x, y in zip(groups, ga, gb)]
+    sig = batch + [ad[-2], bd[-1]]
+    hint = [max(x, y) for x, y in zip(gha, ghb)] + [ah[-2], bh[-1]]
+    if sig == mb.dims(out_t):
+        return new_ops + [OperatorInfo(op.code, [a, b], [out_t], op.options, op.source)]
+    info = mb.tensors[out_t]
+    mm = mb.add_tensor(f"{info.name}/folded", hint, info.type, 0, sig if -1 in sig else None, info.quantization)
+    new_ops.append(OperatorInfo(op.code, [a, b], [mm], op.options, op.source))
+    new_ops.append(OperatorInfo(BO.RESHAPE, [mm, _shape_const(mb, info.name, mb.dims(out_t))], [out_t], None,
+                                op.source))
+    return new_ops
+
+
+def _mm_operand(mb, t, sig, hint, side, source, new_ops) -> int:
+    """Operand ``t`` as ``sig`` with leading 1s dropped (BATCH_MATMUL broadcasts ranks)."""
+    while len(sig) > 2 and sig[0] == 1:
+        sig, hint = sig[1:], hint[1:]
+    view, ops = mb.reshaped(t, sig, hint, f"{mb.tensors[t].name}/mm_{side}", source)
+    new_ops += ops
+    return view
+
+
+def _expand_batch(mb, op, groups, pa, pb, a_mat, b_mat, new_ops):
+    """More broadcast runs than rank 4 holds: each operand BROADCAST_TO the full batch (folded
+    in turn by :func:`_fold_broadcast_to`), after which the batch is one 'same' run."""
+    a, b = op.inputs[:2]
+    if -1 in pa + pb + a_mat + b_mat:
+        name = op_name(op.code)
+        where = f" at {op.source}" if op.source else ""
+        raise UnsupportedOpError(
+            f"a {name}{where} whose batch dims broadcast in more than two alternating runs needs static "
+            f"shapes (BROADCAST_TO takes a constant shape)", [(name, "", op.source or "")])
+    full = [max(x, y) for x, y in zip(pa, pb)]
+    outs = []
+    for t, own, mat in ((a, pa, a_mat), (b, pb, b_mat)):
+        if own == full:
+            outs.append(t)  # nothing to broadcast: the fold RESHAPEs it
+            continue
+        info = mb.tensors[t]
+        src, ops = mb.reshaped(t, own + mat, own + mat, f"{info.name}/mm_batch", op.source)
+        wide = mb.add_tensor(f"{info.name}/mm_expanded", full + mat, info.type, 0, None, info.quantization)
+        ops.append(OperatorInfo(BO.BROADCAST_TO, [src, _shape_const(mb, f"{info.name}/mm_expanded", full + mat)],
+                                [wide], None, op.source))
+        new_ops += ops
+        outs.append(wide)
+    one = [(SAME, list(range(len(full))))]
+    return outs[0], outs[1], full, full, full, full, one
+
+
 def _values(mb: ModelBuilder, t: int) -> np.ndarray:
     """Constant ``t``'s values, read as its own type and shape."""
     info = mb.tensors[t]
@@ -200,7 +283,8 @@ def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:
 
 #: Circle op -> its fold (replacement operators, or None when it is within its limit)
 FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm,
-         BO.DEPTHWISE_CONV_2D: _split_depthwise, BO.BROADCAST_TO: _fold_broadcast_to}
+         BO.DEPTHWISE_CONV_2D: _split_depthwise, BO.BROADCAST_TO: _fold_broadcast_to,
+         BO.BATCH_MATMUL: _fold_batch_matmul}
 
 
 def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):

@@ -1,6 +1,6 @@
 """Matrix products: ``linear`` -> FULLY_CONNECTED, 1x1 CONV_2D or BATCH_MATMUL (whichever
 onert runs fastest, see :mod:`circle_fx.emit.linear_form`), ``matmul``/``bmm`` -> BATCH_MATMUL
-(any rank: :mod:`._matmul_fold` folds batch dims into the ranks onert runs),
+(any rank: the ``ranks`` legalization step folds batch dims into the ranks onert runs),
 ``embedding`` -> GATHER.
 
 FULLY_CONNECTED and CONV_2D take torch's ``[out, in]`` weight as is (CONV_2D as the same
@@ -20,7 +20,7 @@ from ...fx_utils import arguments
 from ..registry import lowering
 from .. import linear_form
 from ._common import BO, options
-from ._matmul_fold import batch_matmul
+from ._matmul import batch_matmul
 
 aten = torch.ops.aten
 PADDING_VALID = 1  # circle.Padding.Padding.VALID
@@ -120,7 +120,7 @@ def _matmul_plus_bias(ctx, node, x, wt, b):
 
 @lowering(aten.matmul.default, aten.bmm.default, aten.mm.default)
 def matmul(ctx, node):
-    """Any ranks, 1-D included: :func:`batch_matmul` folds batch dims into what onert runs."""
+    """Any ranks, 1-D included (:func:`batch_matmul`; the ``ranks`` step folds batch dims)."""
     a, b = node.args[0], node.args[1]
     if ctx.rank(a) == 1 and ctx.rank(b) == 1:
         raise ctx.error("matmul of two 1-D operands (a dot product) is not supported")
