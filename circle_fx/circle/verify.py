@@ -741,13 +741,18 @@ def _conv_2d(c: _Checker, op: OperatorView):
         return f"input channels {x[3]} != filter in-channels {f[3]}"
     if len(b) != 1 or not _same(b[0], f[0]):
         return f"bias shape {_fmt(b)} should be [{f[0]}]"
-    o = c.options(op, "Conv2DOptions")
+    return _conv_output(c, op, c.options(op, "Conv2DOptions"), x, f, f[0])
+
+
+def _conv_output(c: _Checker, op: OperatorView, o, x, f, channels):
+    """CONV_2D and DEPTHWISE_CONV_2D alike: strides and dilations (options ``o``) at least 1,
+    and the NHWC output of input ``x`` under filter ``f`` (``[., kH, kW, .]``) with ``channels``."""
     sh, sw, dh, dw = o.StrideH(), o.StrideW(), o.DilationHFactor(), o.DilationWFactor()
     if min(sh, sw, dh, dw) < 1:
         return f"strides {sh}x{sw} / dilations {dh}x{dw} must be >= 1"
     same = o.Padding() == circle.Padding.Padding.SAME
     return _expect(c.dims(op.outputs[0]), [x[0], _window_out(x[1], f[1], sh, dh, same),
-                                           _window_out(x[2], f[2], sw, dw, same), f[0]])
+                                           _window_out(x[2], f[2], sw, dw, same), channels])
 
 
 def _window_out(size, k, s, d, same):
@@ -771,12 +776,7 @@ def _depthwise_conv_2d(c: _Checker, op: OperatorView):
         return f"input channels {x[3]} x depthMultiplier {m} != filter channels {f[3]}"
     if len(b) != 1 or not _same(b[0], f[3]):
         return f"bias shape {_fmt(b)} should be [{f[3]}]"
-    sh, sw, dh, dw = o.StrideH(), o.StrideW(), o.DilationHFactor(), o.DilationWFactor()
-    if min(sh, sw, dh, dw) < 1:
-        return f"strides {sh}x{sw} / dilations {dh}x{dw} must be >= 1"
-    same = o.Padding() == circle.Padding.Padding.SAME
-    return _expect(c.dims(op.outputs[0]), [x[0], _window_out(x[1], f[1], sh, dh, same),
-                                           _window_out(x[2], f[2], sw, dw, same), f[3]])
+    return _conv_output(c, op, o, x, f, f[3])
 
 
 def _pool_2d(c: _Checker, op: OperatorView):
