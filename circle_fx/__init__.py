@@ -7,7 +7,7 @@
 from . import fusions  # noqa: F401  (registers the fusion families and their ops, torch.ops.circle.*)
 from . import ops_nhwc  # noqa: F401  (registers torch.ops.circle.*_nhwc)
 from .api import capture, export, lower
-from .errors import (CaptureError, CircleFxError, InputError, OutputError, PassError, RuntimeFailure,
+from .errors import (CaptureError, CircleFxError, InputError, ModelError, OutputError, PassError, RuntimeFailure,
                      LegalizeError, UnsupportedDtypeError, UnsupportedOpError, VerifyError)
 from .explain import ExplainResult, explain, explain_report  # circle_fx.explain is the function; the module imports as usual
 from .model import CircleModel
@@ -31,6 +31,6 @@ def export_llm(model, max_seq_len, prefill_len=None, **kwargs):
 __version__ = "0.1.0"
 
 __all__ = ["export", "capture", "lower", "CircleModel", "Program", "Pass", "Pipeline", "default_pipeline",
-           "CircleFxError", "CaptureError", "InputError", "OutputError", "PassError", "RuntimeFailure",
+           "CircleFxError", "CaptureError", "InputError", "ModelError", "OutputError", "PassError", "RuntimeFailure",
            "LegalizeError", "UnsupportedDtypeError", "UnsupportedOpError", "VerifyError", "verify", "VerifyReport",
            "explain", "explain_report", "ExplainResult", "export_llm", "QuantConfig"]

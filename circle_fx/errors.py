@@ -19,6 +19,11 @@ class CaptureError(CircleFxError):
     """``torch.export`` rejected the model; the message summarises why and hints a fix."""
 
 
+class ModelError(CircleFxError):
+    """The model's own code (transformers, or a custom model) raised while circle_fx read its
+    config or ran it (``export_llm``); the message names the family, the cause and where."""
+
+
 class PassError(CircleFxError):
     """A pass raised or left the graph invalid; the message names the pass."""
 

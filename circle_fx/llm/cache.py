@@ -20,33 +20,65 @@ as-is: HF's own mask construction needs ``arange``/run-time sizes that onert lac
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
 class GraphCache(Cache):
-    """Functional KV cache for tracing: ``keys``/``values`` are per-layer cache inputs
-    ([1, kv_heads, max_seq_len, head_dim]) or None (prefill, no past)."""
+    """Functional KV cache for tracing: ``past`` maps a layer index to its cache inputs
+    ``(keys, values)`` ([1, heads, max_seq_len, dim], each layer its own shape) or is None
+    (prefill, no past). ``new`` records what each layer handed to ``update``: the layers
+    that cache (a layer that reuses another's K/V, Gemma 3n / 4, never calls it)."""
 
-    def __init__(self, num_layers: int, keys=None, values=None):
+    def __init__(self, num_layers: int, past: dict | None = None):
         super().__init__(layers=[DynamicLayer() for _ in range(num_layers)])
-        self.past_keys, self.past_values = keys, values
-        self.new_keys: list = [None] * num_layers
-        self.new_values: list = [None] * num_layers
+        self.past = past
+        self.new: dict[int, tuple] = {}
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self.new_keys[layer_idx], self.new_values[layer_idx] = key_states, value_states
-        if self.past_keys is None:
+        self.new[layer_idx] = (key_states, value_states)
+        if self.past is None:
             return key_states, value_states
-        k = torch.cat([self.past_keys[layer_idx], key_states], dim=2)
-        v = torch.cat([self.past_values[layer_idx], value_states], dim=2)
-        return k, v
+        past_k, past_v = self.past[layer_idx]
+        return torch.cat([past_k, key_states], dim=2), torch.cat([past_v, value_states], dim=2)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # never asked for once a prepared mask and position_ids are given
 
     def get_mask_sizes(self, query_length, layer_idx=0):
         raise AssertionError("circle_fx passes prepared masks; transformers should not build one")
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """The K/V cache of one layer, as the model hands it to ``Cache.update``: heads and dims
+    are read from the model's own tensors, per layer and separately for K and V (per-layer
+    head_dim, Gemma 4; MLA's compressed latents, DeepSeek-V3: K = the kv_lora_rank latent, V =
+    the rotary key part), never from the config."""
+
+    layer: int
+    key_heads: int
+    key_dim: int
+    value_heads: int
+    value_dim: int
+
+    def shapes(self, rows: int) -> tuple[list[int], list[int]]:
+        return [1, self.key_heads, rows, self.key_dim], [1, self.value_heads, rows, self.value_dim]
+
+
+def probe_caches(model, spec) -> list[LayerCache]:
+    """Run the prefill wrapper once in eager (a prompt of zeros) and read what each layer
+    caches; the shapes of the traced models' cache inputs and outputs follow from it."""
+    with torch.no_grad():
+        _, cache = Prefill(model, spec).run_cache(torch.zeros(1, spec.prefill_len, dtype=torch.int32),
+                                               torch.zeros(1, dtype=torch.int32))
+    out = []
+    for i in sorted(cache.new):
+        k, v = cache.new[i]
+        out.append(LayerCache(i, int(k.shape[1]), int(k.shape[3]), int(v.shape[1]), int(v.shape[3])))
+    return out
 
 
 def layer_kinds(config) -> list[str] | None:
@@ -95,18 +127,14 @@ class DecodeStep(torch.nn.Module):
 
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
-        cache = GraphCache(L, caches[0::2], caches[1::2])
+        cache = GraphCache(L, {c.layer: (caches[2 * j], caches[2 * j + 1]) for j, c in enumerate(spec.caches)})
         full = self.lo < position
         sliding = full & (self.hi > position - spec.sliding_window) if spec.sliding_window else full
         shape = (1, 1, 1, spec.max_seq_len + 1)
         mask = _masks(self.model.config, full.view(shape), sliding.view(shape), spec.float_mask, spec.torch_dtype)
         out = _call(self.model, spec.cache_kw, input_ids=input_ids, position_ids=position.view(1, 1),
                     attention_mask=mask, cache=cache)
-        result = {"logits": out.logits}
-        for i in range(L):
-            result[f"key_{i}"] = cache.new_keys[i]
-            result[f"value_{i}"] = cache.new_values[i]
-        return result
+        return _outputs(out, cache, spec)
 
 
 class Prefill(torch.nn.Module):
@@ -127,14 +155,21 @@ class Prefill(torch.nn.Module):
         self.register_buffer("causal", causal.view(1, 1, P, P), persistent=False)
         self.register_buffer("sliding", sliding.view(1, 1, P, P), persistent=False)
 
-    def forward(self, input_ids, last_index):
-        spec, L = self.spec, self.spec.num_layers
-        cache = GraphCache(L)
-        mask = _masks(self.model.config, self.causal, self.sliding, spec.float_mask, spec.torch_dtype)
-        out = _call(self.model, spec.cache_kw, input_ids=input_ids, position_ids=self.positions,
+    def run_cache(self, input_ids, last_index):
+        cache = GraphCache(self.spec.num_layers)
+        mask = _masks(self.model.config, self.causal, self.sliding, self.spec.float_mask, self.spec.torch_dtype)
+        out = _call(self.model, self.spec.cache_kw, input_ids=input_ids, position_ids=self.positions,
                     attention_mask=mask, cache=cache, logits_to_keep=last_index)
-        result = {"logits": out.logits}
-        for i in range(L):
-            result[f"key_{i}"] = cache.new_keys[i]
-            result[f"value_{i}"] = cache.new_values[i]
-        return result
+        return out, cache
+
+    def forward(self, input_ids, last_index):
+        out, cache = self.run_cache(input_ids, last_index)
+        return _outputs(out, cache, self.spec)
+
+
+def _outputs(out, cache: GraphCache, spec) -> dict:
+    """``logits`` and the new rows of every caching layer (``key_i``/``value_i``, i = the layer)."""
+    result = {"logits": out.logits}
+    for c in spec.caches:
+        result[f"key_{c.layer}"], result[f"value_{c.layer}"] = cache.new[c.layer]
+    return result

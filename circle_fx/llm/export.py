@@ -18,13 +18,16 @@ the decomposed form, because onert's ROPE applies the first table row to every p
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-from dataclasses import dataclass
+import os
+import traceback
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import api
-from ..errors import InputError, UnsupportedDtypeError
+from ..errors import CircleFxError, InputError, ModelError, UnsupportedDtypeError
 from ..passes import default_pipeline
 from ..quant.config import resolve_quantize
 from ..passes.gqa import GroupedQueryAttention
@@ -33,9 +36,9 @@ from .package import LLMPackage
 from .text import default_tokenizer, text_assets
 
 try:
-    from .cache import DecodeStep, Prefill, layer_kinds
+    from .cache import DecodeStep, Prefill, layer_kinds, probe_caches
 except ImportError as _e:  # transformers is an optional extra of circle_fx
-    DecodeStep = Prefill = layer_kinds = None
+    DecodeStep = Prefill = layer_kinds = probe_caches = None
     _MISSING = _e
 
 
@@ -44,8 +47,6 @@ class LLMSpec:
     """What the wrappers need to know about the model and the export."""
 
     num_layers: int
-    num_kv_heads: int
-    head_dim: int
     vocab_size: int
     max_seq_len: int
     prefill_len: int
@@ -53,6 +54,11 @@ class LLMSpec:
     float_mask: bool
     torch_dtype: torch.dtype
     cache_kw: str
+    #: the caching layers and their K/V geometry (:func:`~circle_fx.llm.cache.probe_caches`)
+    caches: list = field(default_factory=list)
+
+    def cache_names(self) -> list[str]:
+        return [f"{kind}_cache_{c.layer}" for c in self.caches for kind in ("key", "value")]
 
 
 def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
@@ -85,10 +91,7 @@ def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
     sliding = None
     if (kinds is not None and "sliding_attention" in kinds) or (kinds is None and getattr(cfg, "sliding_window", None)):
         sliding = int(cfg.sliding_window)
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return LLMSpec(num_layers=cfg.num_hidden_layers, num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                   head_dim=head_dim, vocab_size=cfg.vocab_size, max_seq_len=max_seq_len, prefill_len=prefill_len,
+    return LLMSpec(num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, max_seq_len=max_seq_len, prefill_len=prefill_len,
                    sliding_window=sliding, float_mask=impl == "eager", torch_dtype=dtype, cache_kw=cache_kw)
 
 
@@ -130,33 +133,59 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     if DecodeStep is None:
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
     quantize = resolve_quantize(quantize)  # a bad value fails before the (slow) captures
-    spec = model_spec(model, max_seq_len, prefill_len)
+    with model_errors(model):
+        spec = model_spec(model, max_seq_len, prefill_len)
     text, assets = text_assets(default_tokenizer(model) if isinstance(tokenizer, str) and tokenizer == "auto" else tokenizer, model)
-    L, S, P = spec.num_layers, spec.max_seq_len, spec.prefill_len
-    cache_names = [f"{kind}_cache_{i}" for i in range(L) for kind in ("key", "value")]
+    S, P = spec.max_seq_len, spec.prefill_len
     training = model.training
     model.eval()
     try:
+        with model_errors(model):
+            spec.caches = probe_caches(model, spec)
+        if not spec.caches:
+            raise InputError(f"{type(model).__name__}: no layer calls Cache.update, so there is no KV cache to "
+                             "export (export_llm drives attention caches only)")
+        cache_names = spec.cache_names()
         decode_pipe, prefill_pipe = default_pipeline(), default_pipeline()
         for pipe in (decode_pipe, prefill_pipe):
             pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
         if not rope_op:  # the RoPE family is in the default pipeline; it fuses only the decode model
             decode_pipe.remove_pass("fuse_rope")
-        caches = [torch.zeros(1, spec.num_kv_heads, S, spec.head_dim, dtype=spec.torch_dtype) for _ in cache_names]
+        caches = [torch.zeros(shape, dtype=spec.torch_dtype) for c in spec.caches for shape in c.shapes(S)]
         ids1 = torch.zeros(1, 1, dtype=torch.int32)
         pos = torch.zeros(1, dtype=torch.int32)
-        decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
-                          decode_pipe, quantize,
-                          {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}})
-        idsP = torch.zeros(1, P, dtype=torch.int32)
-        last = torch.zeros(1, dtype=torch.int32)
-        prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe, quantize,
-                           {"max_seq_len": S, "prefill_len": P, "inputs": {"last_index": {"index_range": [0, P - 1]}}})
+        with model_errors(model):
+            decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
+                              decode_pipe, quantize,
+                              {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}})
+            idsP = torch.zeros(1, P, dtype=torch.int32)
+            last = torch.zeros(1, dtype=torch.int32)
+            prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe,
+                               quantize, {"max_seq_len": S, "prefill_len": P,
+                                          "inputs": {"last_index": {"index_range": [0, P - 1]}}})
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
     manifest["text"] = text
     return LLMPackage(manifest, decode=decode, prefill=prefill, assets=assets)
+
+
+@contextlib.contextmanager
+def model_errors(model):
+    """Any exception that is not a circle_fx error (transformers' own, or the model code's,
+    raised while export_llm reads the config or runs the model) becomes a
+    :class:`~circle_fx.errors.ModelError` naming the family, the cause and the line that raised."""
+    try:
+        yield
+    except CircleFxError:
+        raise
+    except Exception as e:
+        cfg = getattr(model, "config", None)
+        family = f"{type(model).__name__} (model_type {getattr(cfg, 'model_type', None)!r})"
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" [raised at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}]" if tb else ""
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ModelError(f"export_llm cannot drive {family}: {type(e).__name__}: {first}{where}") from e
 
 
 def _token_ids(value) -> list[int]:
@@ -173,24 +202,28 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
     pad = getattr(gen, "pad_token_id", None) if gen is not None else None
     if pad is None:
         pad = getattr(cfg, "pad_token_id", None)
+    shapes = {n: shape for c in spec.caches
+              for n, shape in zip((f"key_cache_{c.layer}", f"value_cache_{c.layer}"), c.shapes(spec.max_seq_len))}
+    uniform = next(iter(shapes.values())) if len({tuple(v) for v in shapes.values()}) == 1 else None
+    layers = [c.layer for c in spec.caches]
     return {
         "format": mf.FORMAT, "version": mf.VERSION,
         "model": {"architecture": type(model).__name__, "model_type": getattr(cfg, "model_type", None),
-                  "vocab_size": spec.vocab_size, "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
-                  "head_dim": spec.head_dim, "dtype": "float32"},
+                  "vocab_size": spec.vocab_size, "num_layers": spec.num_layers,
+                  "num_kv_heads": uniform[1] if uniform else None, "head_dim": uniform[3] if uniform else None,
+                  "dtype": "float32"},
         "max_seq_len": spec.max_seq_len, "prefill_len": spec.prefill_len, "sliding_window": spec.sliding_window,
         "eos_token_ids": eos, "bos_token_id": getattr(cfg, "bos_token_id", None),
         "pad_token_id": int(pad) if isinstance(pad, int) else None,
-        "cache": {"layout": "BHSD", "shape": [1, spec.num_kv_heads, spec.max_seq_len, spec.head_dim],
-                  "dtype": "float32", "initial": 0.0,
-                  "names": [f"{kind}_cache_{i}" for i in range(spec.num_layers) for kind in ("key", "value")]},
+        "cache": {"layout": "BHSD", "shape": uniform, "shapes": shapes, "dtype": "float32", "initial": 0.0,
+                  "names": spec.cache_names()},
         "prefill": {"file": "prefill.circle", "limits": prefill.builder.limits,
                     "inputs": mf.io_entries(prefill.builder, "inputs"),
                     "outputs": mf.io_entries(prefill.builder, "outputs"),
-                    "cache_writes": mf.cache_writes(spec.num_layers, "0..length-1 -> positions 0..length-1",
+                    "cache_writes": mf.cache_writes(layers, "0..length-1 -> positions 0..length-1",
                                                     0, "length")},
         "decode": {"file": "decode.circle", "limits": decode.builder.limits,
                    "inputs": mf.io_entries(decode.builder, "inputs"),
                    "outputs": mf.io_entries(decode.builder, "outputs"),
-                   "cache_writes": mf.cache_writes(spec.num_layers, "0 -> position", "position", 1)},
+                   "cache_writes": mf.cache_writes(layers, "0 -> position", "position", 1)},
     }

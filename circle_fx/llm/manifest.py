@@ -5,14 +5,17 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
 
     {
       "format": "circle_fx.llm", "version": 1,
-      "model": {"architecture", "model_type", "vocab_size", "num_layers", "num_kv_heads",
-                "head_dim", "dtype"},
+      "model": {"architecture", "model_type", "vocab_size", "num_layers",
+                "num_kv_heads", "head_dim",   # null when the caches differ (see cache.shapes)
+                "dtype"},
       "max_seq_len": S,            # cache rows per layer: positions 0..S-1
       "prefill_len": P,            # prefill.circle takes exactly P ids (right-pad shorter prompts)
       "sliding_window": W | null,  # handled by the masks inside the models (no host work)
       "eos_token_ids": [...], "bos_token_id": b | null, "pad_token_id": p | null,
-      "cache": {"layout": "BHSD", "shape": [1, Hkv, S, D], "dtype": "float32", "initial": 0.0,
-                "names": ["key_cache_0", "value_cache_0", ...]},   # 2 per layer, in this order
+      "cache": {"layout": "BHSD", "dtype": "float32", "initial": 0.0,
+                "names": ["key_cache_0", "value_cache_0", ...],   # 2 per caching layer, in this order
+                "shapes": {"key_cache_0": [1, H, S, D], ...},     # each cache's own shape
+                "shape": [1, H, S, D] | null},                    # the shape when all are equal
       "prefill": {"file": "prefill.circle", "inputs": [IO...], "outputs": [IO...],
                   "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
                                     "first_cache_row": 0, "count": "length",
@@ -35,7 +38,12 @@ Each part also has ``"limits"``: the ``circle_fx.limits`` metadata its file carr
 ``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
 slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
 
-1. allocate the caches (``cache.shape``, zeros), bind them to the decode session once;
+Cache shapes are what each layer hands to transformers' ``Cache.update``, read per layer:
+they differ between layers (Gemma 4's per-layer head_dim) and between K and V (MLA caches
+its compressed latent as K and the shared rotary key as V, DeepSeek-V3); a layer that reuses
+another layer's K/V (Gemma 3n / 4) has no cache, so ``i`` in ``key_cache_i`` is the layer.
+
+1. allocate the caches (``cache.shapes``, zeros), bind them to the decode session once;
 2. prefill: ``input_ids`` [1,P] int32 = prompt right-padded with ``pad_token_id`` (any id
    works: padding never influences real tokens), ``last_index`` [1] int32 = length-1;
    run; copy rows ``0..length-1`` of each ``key_i``/``value_i`` output into its cache at
@@ -77,13 +85,13 @@ def io_entries(builder, which: str) -> list[dict]:
     return out
 
 
-def cache_writes(num_layers: int, rows: str, first_cache_row, count) -> list[dict]:
+def cache_writes(layers: list[int], rows: str, first_cache_row, count) -> list[dict]:
     """One entry per cache: output rows ``0..count-1`` (along ``axis``) go to cache rows
     ``first_cache_row..``; ``first_cache_row``/``count`` are ints or the names of run-time
     values (``"position"``, ``"length"``); ``rows`` says the same in words."""
     return [{"output": f"{kind}_{i}", "cache": f"{kind}_cache_{i}", "axis": 2, "first_cache_row": first_cache_row,
              "count": count, "rows": rows}
-            for i in range(num_layers) for kind in ("key", "value")]
+            for i in layers for kind in ("key", "value")]
 
 
 def asset_files(manifest: dict) -> list[str]:

@@ -75,8 +75,9 @@ class LLMRunner:
         self._dout = {e["name"]: e["index"] for e in m["decode"]["outputs"]}
         pin = {e["name"]: e["index"] for e in m["prefill"]["inputs"]}
         self._pout = {e["name"]: e["index"] for e in m["prefill"]["outputs"]}
-        shape, names = m["cache"]["shape"], m["cache"]["names"]
-        self.caches = {n: np.zeros(shape, np.float32) for n in names}
+        names = m["cache"]["names"]
+        shapes = m["cache"].get("shapes") or {n: m["cache"]["shape"] for n in names}
+        self.caches = {n: np.zeros(shapes[n], np.float32) for n in names}
         self._writes = [(w["output"], w["cache"]) for w in m["decode"]["cache_writes"]]
         # bound once; later only written in place
         self._id = np.zeros((1, 1), np.int32)
