@@ -37,5 +37,21 @@ class Pass:
         return f"<pass {self.name}>"
 
 
+class NodePass(Pass):
+    """A pass that visits each ``call_function`` node once, in graph order (a snapshot: nodes
+    it adds are not visited, nodes it erases are skipped), and changed the graph when any
+    :meth:`visit` did. Subclasses implement :meth:`visit`."""
+
+    def visit(self, program: Program, node) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def run(self, program: Program) -> bool:
+        changed = False
+        for n in list(program.gm.graph.nodes):
+            if n.op == "call_function" and not getattr(n, "_erased", False):
+                changed |= bool(self.visit(program, n))
+        return changed
+
+
 def pass_name(p: Callable) -> str:
     return getattr(p, "name", None) or getattr(p, "__name__", None) or type(p).__name__

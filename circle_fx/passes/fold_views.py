@@ -25,7 +25,7 @@ import torch.fx as fx
 
 from ..fx_utils import fake_mode_of, make_node, shape_of, static_shape
 from ..program import add_constant
-from .base import Pass
+from .base import NodePass
 
 aten = torch.ops.aten
 
@@ -59,32 +59,27 @@ def permutation(n: fx.Node) -> list[int]:
     return perm
 
 
-class FoldViews(Pass):
+class FoldViews(NodePass):
     name = "fold_views"
 
-    def run(self, program) -> bool:
+    def visit(self, program, n) -> bool:
         g = program.gm.graph
-        changed = False
-        for n in list(g.nodes):
-            if getattr(n, "_erased", False):
-                continue
-            if _is(n, VIEW_OPS):
-                new = self._fold_reshape(g, n) or self._repeat_interleave(program, g, n)
-            elif _is(n, PERMUTE_OPS):
-                new = self._fold_permute(g, n)
-            else:
-                continue
-            if new is None:
-                continue
-            n.replace_all_uses_with(new)
-            g.erase_node(n)
-            src = n.args[0]
-            while _is(src, VIEW_OPS | PERMUTE_OPS | {aten.expand.default}) and not src.users:
-                nxt = src.args[0]
-                g.erase_node(src)  # the inner ops of a chain, read by nobody else now
-                src = nxt
-            changed = True
-        return changed
+        if _is(n, VIEW_OPS):
+            new = self._fold_reshape(g, n) or self._repeat_interleave(program, g, n)
+        elif _is(n, PERMUTE_OPS):
+            new = self._fold_permute(g, n)
+        else:
+            return False
+        if new is None:
+            return False
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+        src = n.args[0]
+        while _is(src, VIEW_OPS | PERMUTE_OPS | {aten.expand.default}) and not src.users:
+            nxt = src.args[0]
+            g.erase_node(src)  # the inner ops of a chain, read by nobody else now
+            src = nxt
+        return True
 
     @staticmethod
     def _repeat_interleave(program, g: fx.Graph, n: fx.Node):

@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from ..fx_utils import make_node, shape_of, static_shape
 from ..ops_nhwc import conv2d_nhwc
-from .base import Pass
+from .base import NodePass
 from .fold_views import PERMUTE_OPS, permutation
 
 aten = torch.ops.aten
@@ -78,20 +78,16 @@ def _inverse(perm: list[int]) -> list[int]:
     return inv
 
 
-class PropagateNHWC(Pass):
+class PropagateNHWC(NodePass):
     name = "layout_nhwc"
 
-    def run(self, program) -> bool:
+    def visit(self, program, n) -> bool:
         g = program.gm.graph
-        changed = False
-        for n in list(g.nodes):
-            if n.op != "call_function":
-                continue
-            if n.target in ELEMENTWISE:
-                changed |= self._sink(g, n)
-            elif (n.target is aten.constant_pad_nd.default and _is_layout_permute(n.args[0])):
-                changed |= self._sink_pad(g, n)
-        return changed
+        if n.target in ELEMENTWISE:
+            return self._sink(g, n)
+        if n.target is aten.constant_pad_nd.default and _is_layout_permute(n.args[0]):
+            return self._sink_pad(g, n)
+        return False
 
     @staticmethod
     def _sink(g: fx.Graph, n: fx.Node) -> bool:
@@ -154,23 +150,19 @@ class PropagateNHWC(Pass):
         return True
 
 
-class NHWCPadsIntoConvs(Pass):
+class NHWCPadsIntoConvs(NodePass):
     """After ``fold_views``: a zero pad in front of a convolution becomes its padding, and a
     layout permute that only moves size-1 dims becomes a reshape."""
 
     name = "nhwc_pads"
 
-    def run(self, program) -> bool:
+    def visit(self, program, n) -> bool:
         g = program.gm.graph
-        changed = False
-        for n in list(g.nodes):
-            if n.op != "call_function":
-                continue
-            if n.target is conv2d_nhwc:
-                changed |= self._pad_into_conv(g, n)
-            elif _is_layout_permute(n):
-                changed |= self._as_reshape(g, n)
-        return changed
+        if n.target is conv2d_nhwc:
+            return self._pad_into_conv(g, n)
+        if _is_layout_permute(n):
+            return self._as_reshape(g, n)
+        return False
 
     @staticmethod
     def _pad_into_conv(g: fx.Graph, n: fx.Node) -> bool:
