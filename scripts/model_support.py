@@ -116,19 +116,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child(fam, conn):
+def _child(fam, conn, check_fn):
     _die_with_parent()
     try:
-        conn.send(check(fam))
+        conn.send(check_fn(fam))
     except BaseException as e:  # noqa: BLE001 - report anything, the parent keeps going
         conn.send({"family": fam.model_type, "class": fam.model_class, "status": "failed",
                    "reason": f"{type(e).__name__}: {_first_line(e)}"})
 
 
-def _start(fam: hf.HfFamily):
+def _start(fam: hf.HfFamily, check_fn):
     ctx = mp.get_context("fork")  # torch/transformers/circle_fx are imported once, in the parent
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(fam, child))
+    p = ctx.Process(target=_child, args=(fam, child, check_fn))
     p.start()
     child.close()
     return p, parent, time.time()
@@ -142,10 +142,13 @@ def _cached(path: str | None) -> dict[str, dict]:
 
 
 def run_all(fams: list[hf.HfFamily], jobs: int = 1, timeout: float = TIMEOUT, report=print,
-            cache: str | None = None) -> list[dict]:
+            cache: str | None = None, check_fn=None) -> list[dict]:
     """Each family in its own forked process, ``jobs`` at a time; a crash or a timeout
     becomes that family's row. With ``cache`` (a JSON-lines file), rows already there are
-    reused and new rows are appended as they finish, so runs can resume or share work."""
+    reused and new rows are appended as they finish, so runs can resume or share work.
+    ``check_fn(family) -> row`` is what runs in the child (default :func:`check`; the
+    generation table, ``scripts/generation_support.py``, passes its own)."""
+    check_fn = check_fn or check
     rows: dict[str, dict] = {}
     pending = list(fams)
     running: dict = {}  # connection -> (family, process, start)
@@ -167,7 +170,7 @@ def run_all(fams: list[hf.HfFamily], jobs: int = 1, timeout: float = TIMEOUT, re
             if fam.skip:
                 done({"family": fam.model_type, "class": fam.model_class, "status": "skipped", "reason": fam.skip})
                 continue
-            p, conn, t0 = _start(fam)
+            p, conn, t0 = _start(fam, check_fn)
             running[conn] = (fam, p, t0)
         for conn in mp.connection.wait(list(running), timeout=1.0):
             fam, p, t0 = running.pop(conn)

@@ -1,0 +1,240 @@
+"""Generate docs/generation-support.md: which transformers causal-LM families *generate* exactly.
+
+    nice PYTHONPATH=$PWD python scripts/generation_support.py -j2 --cache=/tmp/gen.jsonl  # every family
+    ... generation_support.py --cache=/tmp/gen.jsonl --render    # write the docs from the cache
+    PYTHONPATH=$PWD python scripts/generation_support.py llama lfm2  # some families, table not written
+
+The families and their tiny random models are those of ``docs/model-support.md``
+(``scripts/hf_families.py``: every model type of transformers' causal-LM auto mapping). For
+each family that ``circle_fx.export`` runs (its row in ``docs/model-support.json`` is ``ok``):
+``circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN)``, then
+``LLMRunner.generate`` in onert against ``model.generate(do_sample=False)`` in transformers:
+
+- two prompts, one shorter than ``prefill_len`` (right-padded in the prefill model) and one
+  longer (its tail goes through decode steps), each run through the prefill model and through
+  decode steps only; :data:`NEW_TOKENS` greedy tokens with no EOS, compared token for token
+  (the logits each token was picked from are compared too: the largest difference is reported);
+- EOS: the token transformers generates third becomes the EOS id of both, which must then stop
+  at the same place (transformers includes the EOS token in the output; so must the runner).
+
+Each family runs in its own forked process with a timeout (``model_support.run_all``), so a
+crash or hang in one cannot stop the table. Families whose ``export`` fails are listed with
+that reason, not run again. ``docs/generation-support.json`` holds the rows;
+``tests/llm/test_generation_support.py`` checks it covers every enumerated family.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import traceback
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+import hf_families as hf  # noqa: E402
+import model_support as ms  # noqa: E402
+
+PREFILL_LEN = 4
+NEW_TOKENS = 8
+#: the short prompt (padded in the prefill model) and the long one (prefill + decode steps);
+#: ids >= 3 avoid the tiny configs' pad / bos / eos ids
+PROMPTS = {"short": [5, 17, 9], "long": [5, 17, 9, 33, 42, 100, 7]}
+MAX_SEQ_LEN = max(map(len, PROMPTS.values())) + NEW_TOKENS
+EXPORT_TABLE = os.path.join(ROOT, "docs", "model-support.json")
+OUT_MD = os.path.join(ROOT, "docs", "generation-support.md")
+OUT_JSON = os.path.join(ROOT, "docs", "generation-support.json")
+
+
+def _export_rows() -> dict[str, dict]:
+    with open(EXPORT_TABLE) as fh:
+        return {r["family"]: r for r in json.load(fh)}
+
+
+def _hf_generate(model, ids: list[int], eos):
+    import torch
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos,
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    return out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
+
+
+def check(fam: hf.HfFamily) -> dict:
+    """Everything the table says about one family (runs in the child process)."""
+    import numpy as np
+    import torch
+
+    import circle_fx
+    from circle_fx.errors import CircleFxError, InputError, RuntimeFailure
+
+    torch.set_num_threads(1)
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # capture errors are rows
+    row = {"family": fam.model_type, "class": fam.model_class}
+    try:
+        model = hf.build(fam.model_type, fam.model_class)
+    except Exception as e:
+        return {**row, "status": "skipped", "reason": f"tiny config does not build: {type(e).__name__}: "
+                                                      f"{ms._first_line(e)}"}
+    model.config.use_cache = True  # hf_families builds for a single forward; generation caches
+    model.generation_config.use_cache = True
+    kinds = getattr(getattr(model.config, "get_text_config", lambda: model.config)(), "layer_types", None)
+    if kinds:
+        row["layer_types"] = sorted(set(kinds))
+    refs = {}
+    try:
+        for name, ids in PROMPTS.items():
+            refs[name] = _hf_generate(model, ids, eos=None)
+    except Exception as e:
+        return {**row, "status": "no reference", "reason": f"transformers' generate fails: {type(e).__name__}: "
+                                                           f"{ms._first_line(e)}"}
+    try:
+        pkg = circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN, tokenizer=None)
+    except InputError as e:
+        return {**row, "status": "refused", "reason": f"{type(e).__name__}: {ms._first_line(e)}"}
+    except CircleFxError as e:
+        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {ms._first_line(e)}{ms._where(e)}"}
+    except Exception as e:
+        return {**row, "status": "failed", "reason": f"{type(e).__name__} (not wrapped): {ms._first_line(e)}",
+                "trace": traceback.format_exc()[-2000:]}
+    diff = 0.0
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            pkg.save(d)
+            runner = pkg.runner()
+            for name, ids in PROMPTS.items():
+                want, scores = refs[name]
+                for use_prefill in (True, False):
+                    got, logits = runner.generate(ids, NEW_TOKENS, eos_token_ids=[], return_logits=True,
+                                                  use_prefill=use_prefill)
+                    if got != want:
+                        k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b) - len(ids)
+                        how = "prefill" if use_prefill else "decode steps"
+                        return {**row, "status": "mismatch", "reason": f"{name} prompt through {how}: new token "
+                                f"{k} is {got[len(ids) + k]}, transformers {want[len(ids) + k]}"}
+                    diff = max(diff, max(float(np.abs(g - s).max()) for g, s in zip(logits, scores)))
+            ids = PROMPTS["long"]
+            eos = refs["long"][0][len(ids) + 2]  # the third new token
+            want, _ = _hf_generate(model, ids, eos=eos)
+            got = runner.generate(ids, NEW_TOKENS, eos_token_ids=[eos], use_prefill=True)
+            if got != want:
+                return {**row, "status": "mismatch", "reason": f"EOS {eos}: onert stops after {len(got) - len(ids)} "
+                        f"new tokens, transformers after {len(want) - len(ids)}"}
+    except RuntimeFailure as e:
+        return {**row, "status": "runtime", "reason": f"{type(e).__name__}: {ms._first_line(e)}"}
+    except CircleFxError as e:
+        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {ms._first_line(e)}"}
+    return {**row, "status": "ok", "max_logit_diff": diff}
+
+
+STATUS = {"ok": "yes", "mismatch": "WRONG tokens", "runtime": "onert fails", "refused": "no (refused)",
+          "failed": "no", "no reference": "n/a", "not exported": "no (export fails)", "skipped": "skipped"}
+
+
+def markdown(rows: list[dict]) -> str:
+    def cell(s):
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    exported = [r for r in rows if r["status"] not in ("skipped", "not exported")]
+    lines = [
+        "# Generation support: transformers causal-LM families",
+        "",
+        "Generated by `scripts/generation_support.py` (do not edit by hand). The families and their tiny",
+        "random models are those of [model-support.md](model-support.md) (`scripts/hf_families.py`). Each",
+        "family `circle_fx.export` runs is exported with `circle_fx.export_llm(model,",
+        f"max_seq_len={MAX_SEQ_LEN}, prefill_len={PREFILL_LEN})` and generates with `LLMRunner.generate` in onert",
+        "0.1.0, against `model.generate(do_sample=False)` in transformers: a prompt shorter than",
+        f"`prefill_len` ({len(PROMPTS['short'])} tokens) and one longer ({len(PROMPTS['long'])}), each through the "
+        f"prefill model and through decode steps only, {NEW_TOKENS} new tokens compared token for token; then the",
+        "token transformers generates third is made the EOS id of both, which must stop at the same place.",
+        "",
+        f"**{len(ok)} of {len(exported)} families that `export` runs generate transformers' exact tokens.**",
+        "",
+        "Status: *yes* = same tokens everywhere (*max logit diff*: the largest difference of the logits",
+        "each token was picked from); *no (refused)* = `export_llm` refuses the model with a circle_fx",
+        "error naming why (mostly layer state other than a K/V cache: short convolutions, SSM and",
+        "linear-attention states); *no* = `export_llm` fails; *WRONG tokens* = it exports but generates",
+        "other tokens (the first difference is named); *n/a* = transformers' own `generate` fails on",
+        "the tiny model; *no (export fails)* = `circle_fx.export` does not run the family either.",
+        "",
+        "| family | class | generates | max logit diff | layer types | reason / note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        diff = f"{r['max_logit_diff']:.2g}" if "max_logit_diff" in r else ""
+        lines.append("| " + " | ".join(cell(c) for c in (
+            r["family"], r["class"], STATUS.get(r["status"], r["status"]), diff,
+            ", ".join(r.get("layer_types", [])), r.get("reason", ""))) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def families() -> list[hf.HfFamily]:
+    """Every enumerated family; those ``export`` does not run (or skips) carry that reason as
+    their ``skip``, so they are listed without being built again."""
+    exported = _export_rows()
+    out = []
+    for fam in hf.enumerate_families():
+        known = exported.get(fam.model_type)
+        if fam.skip is None and known is not None and known["status"] != "ok":
+            fam = hf.HfFamily(fam.model_type, fam.model_class, ("export: " if known["status"] != "skipped" else "")
+                              + known.get("reason", known["status"]))
+        out.append(fam)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    import circle_fx  # noqa: F401 - imported once in the parent, every forked child has it
+    import circle_fx.emit.lowerings  # noqa: F401
+    import circle_fx.llm  # noqa: F401
+
+    jobs, cache = 1, None
+    while argv and argv[0].startswith("-"):
+        opt, argv = argv[0], argv[1:]
+        if opt.startswith("-j"):
+            jobs = int(opt[2:])
+        elif opt.startswith("--cache="):
+            cache = opt.split("=", 1)[1]
+        elif opt == "--render":
+            jobs = 0
+    all_fams = families()
+    fams = [f for f in all_fams if f.model_type in argv] if argv else all_fams
+    exported = _export_rows()
+
+    def report(row):
+        print(f"{row['family']:28s} {row['status']:12s} {row.get('seconds', ''):>6} {row.get('reason', '')[:160]}",
+              flush=True)
+
+    if jobs == 0:
+        known = ms._cached(cache)
+        missing = [f.model_type for f in fams if f.model_type not in known]
+        if missing:
+            print(f"not in {cache}: {missing}")
+            return 1
+        rows = [known[f.model_type] for f in fams]
+    else:
+        rows = ms.run_all(fams, jobs, report=report, cache=cache, check_fn=check)
+    for r in rows:  # a family export does not run: say so (run_all records it as skipped)
+        if r["status"] == "skipped" and exported.get(r["family"], {}).get("status") not in (None, "ok", "skipped"):
+            r["status"] = "not exported"
+    if not argv:
+        with open(OUT_MD, "w") as fh:
+            fh.write(markdown(rows))
+        with open(OUT_JSON, "w") as fh:
+            json.dump([{k: v for k, v in r.items() if k != "trace"} for r in rows], fh, indent=1)
+            fh.write("\n")
+    else:
+        for r in rows:
+            if "trace" in r:
+                print(r["family"], r["trace"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
