@@ -44,12 +44,19 @@ class QuantConfig:
     - ``skip``: glob patterns (``fnmatch``) of weights to keep float, matched against the
       parameter name (``lm_head.weight``) and its module name (``lm_head``); a pattern that
       matches no quantizable weight is an error (it is almost certainly a typo).
+    - ``overrides``: ``{pattern: mode}`` (or pairs), the linear weight mode (one of
+      ``WEIGHT_MODES``, or None for float) of the weights a glob pattern matches, names as for
+      ``skip``; the first matching pattern wins, over ``weights`` and ``lm_head``. For mixed
+      precision measured per tensor, e.g. ``{"*.mlp.down_proj": "q8_0"}`` with ``weights="q4_0"``
+      (llama.cpp's Q4_K_M keeps ``ffn_down`` at higher precision likewise). Merged weights
+      (``merge_linears``: q/k/v, gate/up) match when any member does. An unmatched pattern is an error.
     """
 
     weights: str | None = "int8"
     embedding: str | None = "uint8-rows"
     skip: tuple[str, ...] = ()
     lm_head: str | None = LM_HEAD_AUTO
+    overrides: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def lm_head_mode(self) -> str | None:
@@ -75,6 +82,16 @@ class QuantConfig:
         if bad:
             raise InputError(f"QuantConfig(skip=...): patterns must be non-empty strings, got {bad!r}")
         object.__setattr__(self, "skip", skip)
+        overrides = self.overrides.items() if isinstance(self.overrides, dict) else self.overrides
+        try:
+            overrides = tuple((p, m) for p, m in overrides)
+        except (TypeError, ValueError):
+            raise InputError(f"QuantConfig(overrides={self.overrides!r}): expected {{pattern: mode}}") from None
+        bad = [(p, m) for p, m in overrides if not isinstance(p, str) or not p or m not in (None, *WEIGHT_MODES)]
+        if bad:
+            raise InputError(f"QuantConfig(overrides=...): {bad!r}: patterns must be non-empty strings and modes "
+                             f"one of {', '.join(map(repr, WEIGHT_MODES))} or None")
+        object.__setattr__(self, "overrides", overrides)
         if self.weights is None and self.embedding is None:
             raise InputError("QuantConfig(weights=None, embedding=None) quantizes nothing; "
                              "pass quantize=None for a float model")

@@ -71,6 +71,8 @@ class QuantizationRecord:
     sizes: dict = field(default_factory=dict)
     #: Q4_0 blocks' total squared error: [ggml's plain d = m/-8, the searched scale]
     q4_err: list = field(default_factory=lambda: [0.0, 0.0])
+    #: the ``QuantConfig.overrides`` patterns that matched a weight
+    overridden: set = field(default_factory=set)
 
     def add(self, name, linears, embeddings, shape, encoding, nbytes) -> None:
         kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
@@ -183,6 +185,11 @@ class QuantizeWeights(Pass):
                 continue
             self._rewrite(program, attr, w, linears, embeddings, record, name, lin, emb)
             changed = True
+        unmatched = [p for p, _ in cfg.overrides if p not in record.overridden]
+        if unmatched:
+            raise InputError(f"QuantConfig(overrides=...): pattern(s) {unmatched} match no linear weight; "
+                             "patterns are matched against parameter names such as 'lm_head.weight' "
+                             "or module names such as 'model.layers.0.mlp.down_proj'")
         unmatched = [p for p in cfg.skip if p not in matched]
         if unmatched:
             raise InputError(f"QuantConfig(skip=...): pattern(s) {unmatched} match no quantizable weight; "
@@ -211,6 +218,10 @@ class QuantizeWeights(Pass):
         cfg = self.config
         lm_head = bool(embeddings) or _matches("*lm_head", name)
         lin = (cfg.lm_head_mode if lm_head else cfg.weights) if linears else None
+        hit = next(((p, m) for p, m in cfg.overrides if _matches(p, name)), None) if linears else None
+        if hit:
+            record.overridden.add(hit[0])
+            lin = hit[1]
         emb = cfg.embedding if embeddings else None
         cols = w.shape[1]
         if lin in GGML_MODES:

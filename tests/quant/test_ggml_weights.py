@@ -136,6 +136,28 @@ def test_q8_0_keeps_8_bit_embedding_rows_and_lm_head_option():
         QuantConfig(weights="q8_0", lm_head="q5_0")
 
 
+def test_overrides_set_the_mode_of_matching_linears():
+    """Mixed precision by name: down_proj (its own weight) and the merged q/k/v of layer 0 (a merged
+    weight matches when a member does) at q8_0, the other linears q4_0; typos and bad modes are errors."""
+    model, ids = _llama(tie=False)
+    cfg = QuantConfig(weights="q4_0", embedding="uint8-rows",
+                      overrides={"*.mlp.down_proj": "q8_0", "model.layers.0.self_attn.v_proj": "q8_0"})
+    cm, program = _export(model, ids, cfg)
+    cf, blocks = _types(cm)
+    fcs = [op for op in cf.operators if op.name == "FULLY_CONNECTED"]
+    kinds = [cf.tensors[op.inputs[1]].type_name for op in fcs]
+    # per layer: q/k/v merged, o, gate/up merged, down; then lm_head
+    assert kinds == ["GGML_Q8_0", "GGML_Q4_0", "GGML_Q4_0", "GGML_Q8_0",
+                     "GGML_Q4_0", "GGML_Q4_0", "GGML_Q4_0", "GGML_Q8_0", "GGML_Q4_0"], kinds
+    with torch.no_grad():
+        assert _rel(program.run(ids)[0].numpy(), model(ids).logits.numpy()) < 0.25
+    with pytest.raises(InputError, match=r"overrides=.*\['\*.mlp.dwn_proj'\] match no linear weight"):
+        circle_fx.export(torch.nn.Linear(32, 4), (torch.randn(1, 32),), verbose=False,
+                         quantize=QuantConfig(weights="q4_0", overrides={"*.mlp.dwn_proj": "q8_0"}))
+    with pytest.raises(InputError, match="overrides=.*modes one of"):
+        QuantConfig(weights="q4_0", overrides={"*.mlp.down_proj": "q5_0"})
+
+
 def test_in_features_not_a_multiple_of_32_falls_back_to_int8():
     model = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).eval()
     x = torch.randn(3, 48)
