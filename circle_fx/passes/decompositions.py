@@ -136,6 +136,26 @@ def var(x, dim=None, *, correction=None, keepdim=False):
     return var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
 
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    """``[N, C, *]`` normalized per (sample, group of ``C / G`` channels) over the group's channels
+    and positions: a reshape to ``[N, G, C/G * positions]``, mean and biased variance over the
+    last axis (two passes, as torch computes it), the affine per channel. Exact to float
+    rounding; every op is one onert runs on the last axis."""
+    n, c = x.shape[0], x.shape[1]
+    rest = list(x.shape[2:])
+    g = x.reshape(n, num_groups, -1)
+    mean = g.mean(-1, keepdim=True)
+    centered = g - mean
+    var = (centered * centered).mean(-1, keepdim=True)
+    y = (centered * torch.rsqrt(var + eps)).reshape(n, c, *rest)
+    shape = [1, c] + [1] * len(rest)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y
+
+
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     """The 2-norm of a real float tensor as ``sqrt(sum(x**2))``, the form the norm
     canonicalization (the RMSNorm family's spellings) reads; other norms: torch's own table."""
@@ -313,6 +333,7 @@ DECOMPOSITIONS = {
     aten.expm1.default: expm1,
     aten.var_mean.correction: var_mean,
     aten.var.correction: var,
+    aten.group_norm.default: group_norm,
     aten.gather.default: gather,
     aten.scatter.src: scatter_src,
     aten.scatter.value: scatter_value,

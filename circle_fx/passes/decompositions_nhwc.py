@@ -9,8 +9,10 @@ meet, so a CNN keeps one TRANSPOSE at its input and one at its output.
 1-D convolutions (``[B, C, L]``) run as 2-D ones over ``[B, 1, L, C]``: Circle has no
 CONV_1D. ``padding="same"`` and ``ceil_mode`` become explicit (possibly asymmetric) padding;
 the lowering picks Circle's SAME padding when it is the same thing, else a PAD in front.
-Forms Circle cannot run (transposed convolutions go to their own decomposition, 3-D,
-dilated pools) return ``NotImplemented`` and stay unsupported with the op's name.
+Transposed 2-D convolutions are convolutions too (onert 0.1.0 has no TRANSPOSE_CONV kernel:
+"KernelGenerator: NYI"): zeros inserted between the input's rows and columns (a reshape and
+a PAD, in NHWC), then a stride-1 convolution with the flipped kernel. Forms Circle cannot
+run (3-D, dilated pools) return ``NotImplemented`` and stay unsupported with the op's name.
 """
 from __future__ import annotations
 
@@ -68,9 +70,45 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv_nd(x, weight, bias, stride, padding, dilation, groups)
 
 
+def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """``conv_transpose2d`` as the convolution it is the adjoint of: ``stride - 1`` zeros
+    between input rows/columns, ``dilation * (k - 1) - padding`` rows of zero padding in front
+    (``+ output_padding`` behind), a stride-1 convolution with the kernel flipped and its
+    in/out channels swapped per group. Exact: the same products, summed in another order."""
+    if x.dim() != 4 or weight.dim() != 4:
+        return NotImplemented
+    stride, padding, output_padding, dilation = _pair(stride), _pair(padding), _pair(output_padding), _pair(dilation)
+    c_in, c_out_g, kh, kw = weight.shape
+    w = weight.reshape(groups, c_in // groups, c_out_g, kh, kw).transpose(1, 2)
+    w = w.reshape(groups * c_out_g, c_in // groups, kh, kw).flip(2, 3)
+    y = x.permute(TO_NHWC)
+    n, h, wd, c = y.shape
+    # zeros after every row, then every column, each a 3-D PAD (onert: "Padding for rank > 4 NYI")
+    if stride[0] > 1:  # [N*H, 1, W*C] -> [N*H, sH, W*C]
+        y = torch.nn.functional.pad(y.reshape(n * h, 1, wd * c), [0, 0, 0, stride[0] - 1])
+        h *= stride[0]
+        y = y.reshape(n, h, wd, c)
+    if stride[1] > 1:  # [N*H*W, 1, C] -> [N*H*W, sW, C]
+        y = torch.nn.functional.pad(y.reshape(n * h * wd, 1, c), [0, 0, 0, stride[1] - 1])
+        y = y.reshape(n, h, wd * stride[1], c)
+    pads = []
+    for i in range(2):
+        k = dilation[i] * ((kh, kw)[i] - 1)
+        before = k - padding[i]
+        after = k - padding[i] + output_padding[i] - (stride[i] - 1)  # the trailing zeros are already there
+        if before < 0:
+            y = y.narrow(1 + i, -before, y.shape[1 + i] + before)
+            before = 0
+        if after < 0:
+            y = y.narrow(1 + i, 0, y.shape[1 + i] + after)
+            after = 0
+        pads += [before, after]
+    return conv2d_nhwc(y, w, bias, [1, 1], pads, dilation, groups).permute(TO_NCHW)
+
+
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
-        return NotImplemented
+        return conv_transpose(x, weight, bias, stride, padding, output_padding, groups, dilation)
     return _conv_nd(x, weight, bias, stride, padding, dilation, groups)
 
 
@@ -127,6 +165,7 @@ DECOMPOSITIONS = {
     aten.conv1d.padding: conv,
     aten.conv2d.padding: conv,
     aten.convolution.default: convolution,
+    aten.conv_transpose2d.input: conv_transpose,
     aten.max_pool2d.default: max_pool2d,
     aten.avg_pool2d.default: avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,

@@ -48,6 +48,25 @@ FORMS = {
     "conv1d_grouped": (nn.Conv1d(4, 6, 3, padding=1, groups=2), r(2, 4, 10), "CONV_2D"),
     "conv1d_depthwise_causal_pad": (nn.Conv1d(4, 4, 4, padding=3, groups=4), r(1, 4, 10), "DEPTHWISE_CONV_2D"),
     "conv1d_stride2": (nn.Conv1d(4, 3, 5, stride=2, padding=2), r(1, 4, 11), "CONV_2D"),
+    # transposed convolutions: zeros between rows/columns + a stride-1 convolution
+    "conv_transpose_stride1": (nn.ConvTranspose2d(4, 3, 3), X4, "CONV_2D"),
+    "conv_transpose_s2_pad_outpad": (nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1), X4,
+                                     "CONV_2D"),
+    "conv_transpose_rect_no_bias": (nn.ConvTranspose2d(4, 3, (2, 3), stride=(2, 1), padding=(0, 1), bias=False), X4,
+                                    "CONV_2D"),
+    "conv_transpose_pad_beyond_kernel": (nn.ConvTranspose2d(4, 3, 3, stride=3, padding=3, output_padding=2), X4,
+                                         "CONV_2D"),
+    "conv_transpose_grouped_dilated": (nn.ConvTranspose2d(4, 6, 3, stride=2, groups=2, dilation=2, padding=1), X4,
+                                       "SPLIT"),
+    "conv_transpose_depthwise": (nn.ConvTranspose2d(4, 4, 3, stride=2, groups=4), X4, "DEPTHWISE_CONV_2D"),
+    # norms and resampling: exact decompositions into ops onert runs
+    "group_norm": (nn.GroupNorm(2, 4), X4, "MEAN"),
+    "group_norm_per_channel_no_affine": (nn.GroupNorm(4, 4, affine=False), r(2, 4, 10), "MEAN"),
+    "batch_norm_eval": (nn.BatchNorm2d(4), X4, "MUL"),
+    "upsample_nearest": (nn.Upsample(scale_factor=2, mode="nearest"), X4, "GATHER"),
+    "upsample_bilinear": (nn.Upsample(scale_factor=2, mode="bilinear"), X4, "GATHER"),
+    "upsample_bilinear_align_corners": (nn.Upsample(size=(5, 7), mode="bilinear", align_corners=True), X4, "GATHER"),
+    "pixel_shuffle": (nn.PixelShuffle(2), X4, "TRANSPOSE"),
 }
 
 
