@@ -47,8 +47,8 @@ NEW_TOKENS = 8
 PROMPTS = {"short": [5, 17, 9], "long": [5, 17, 9, 33, 42, 100, 7]}
 MAX_SEQ_LEN = max(map(len, PROMPTS.values())) + NEW_TOKENS
 EXPORT_TABLE = os.path.join(ROOT, "docs", "model-support.json")
-OUT_MD = os.path.join(ROOT, "docs", "generation-support.md")
-OUT_JSON = os.path.join(ROOT, "docs", "generation-support.json")
+#: the table: ``.md`` and ``.json`` beside each other
+OUT = os.path.join(ROOT, "docs", "generation-support")
 
 
 def _export_rows() -> dict[str, dict]:
@@ -211,28 +211,13 @@ def main(argv: list[str]) -> int:
         print(f"{row['family']:28s} {row['status']:12s} {row.get('seconds', ''):>6} {row.get('reason', '')[:160]}",
               flush=True)
 
-    if jobs == 0:
-        known = ms._cached(cache)
-        missing = [f.model_type for f in fams if f.model_type not in known]
-        if missing:
-            print(f"not in {cache}: {missing}")
-            return 1
-        rows = [known[f.model_type] for f in fams]
-    else:
-        rows = ms.run_all(fams, jobs, report=report, cache=cache, check_fn=check)
+    rows = ms.gather(fams, jobs, cache, report, check_fn=check)
+    if rows is None:
+        return 1
     for r in rows:  # a family export does not run: say so (run_all records it as skipped)
         if r["status"] == "skipped" and exported.get(r["family"], {}).get("status") not in (None, "ok", "skipped"):
             r["status"] = "not exported"
-    if not argv:
-        with open(OUT_MD, "w") as fh:
-            fh.write(markdown(rows))
-        with open(OUT_JSON, "w") as fh:
-            json.dump([{k: v for k, v in r.items() if k != "trace"} for r in rows], fh, indent=1)
-            fh.write("\n")
-    else:
-        for r in rows:
-            if "trace" in r:
-                print(r["family"], r["trace"])
+    ms.publish(rows, argv, OUT, markdown)
     return 0
 
 

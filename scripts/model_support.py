@@ -141,6 +141,34 @@ def _cached(path: str | None) -> dict[str, dict]:
         return {r["family"]: r for r in map(json.loads, filter(str.strip, fh))}
 
 
+def gather(fams: list[hf.HfFamily], jobs: int, cache: str | None, report, check_fn=None) -> list[dict] | None:
+    """The rows of ``fams``: read from ``cache`` alone when ``jobs == 0`` (``--render``; None,
+    after naming the families it lacks, when it does not hold them all), else :func:`run_all`."""
+    if jobs:
+        return run_all(fams, jobs, report=report, cache=cache, check_fn=check_fn)
+    known = _cached(cache)
+    missing = [f.model_type for f in fams if f.model_type not in known]
+    if missing:
+        print(f"not in {cache}: {missing}")
+        return None
+    return [known[f.model_type] for f in fams]
+
+
+def publish(rows: list[dict], argv: list[str], base: str, markdown) -> None:
+    """A run over every family (no ``argv``) writes ``base.md`` (``markdown(rows)``) and
+    ``base.json`` (rows without their traces); a run over named families prints the traces."""
+    if argv:
+        for r in rows:
+            if "trace" in r:
+                print(r["family"], r["trace"])
+        return
+    with open(base + ".md", "w") as fh:
+        fh.write(markdown(rows))
+    with open(base + ".json", "w") as fh:
+        json.dump([{k: v for k, v in r.items() if k != "trace"} for r in rows], fh, indent=1)
+        fh.write("\n")
+
+
 def run_all(fams: list[hf.HfFamily], jobs: int = 1, timeout: float = TIMEOUT, report=print,
             cache: str | None = None, check_fn=None) -> list[dict]:
     """Each family in its own forked process, ``jobs`` at a time; a crash or a timeout
@@ -311,27 +339,12 @@ def main(argv: list[str]) -> int:
               f"{row.get('rms_modules', '')!s:>3} {row.get('rms_fused', '')!s:>3} {row.get('reason', '')[:150]}",
               flush=True)
 
-    if jobs == 0:
-        known = _cached(cache)
-        missing = [f.model_type for f in fams if f.model_type not in known]
-        if missing:
-            print(f"not in {cache}: {missing}")
-            return 1
-        rows = [known[f.model_type] for f in fams]
-    else:
-        rows = run_all(fams, jobs, report=report, cache=cache)
+    rows = gather(fams, jobs, cache, report)
+    if rows is None:
+        return 1
     if reverse:
         rows.reverse()
-    if not argv:
-        with open(os.path.join(ROOT, "docs", "model-support.md"), "w") as fh:
-            fh.write(markdown(rows))
-        with open(os.path.join(ROOT, "docs", "model-support.json"), "w") as fh:
-            json.dump([{k: v for k, v in r.items() if k != "trace"} for r in rows], fh, indent=1)
-            fh.write("\n")
-    else:
-        for r in rows:
-            if "trace" in r:
-                print(r["family"], r["trace"])
+    publish(rows, argv, os.path.join(ROOT, "docs", "model-support"), markdown)
     return 0
 
 
