@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..circle.dedup import duplicate_bytes, duplicates
-from ..circle.schema import BO, NUMPY_TO_CIRCLE, QuantParams, op_name  # noqa: F401  (BO, op_name re-exported)
+from ..circle.schema import BO, CIRCLE_TO_NUMPY, NUMPY_TO_CIRCLE, QuantParams, op_name  # noqa: F401  (BO, op_name re-exported)
 
 
 class Stacked:
@@ -142,6 +142,13 @@ class ModelBuilder:
         """Dims of tensor ``t``, -1 where dynamic (its shape_signature when it has one)."""
         info = self.tensors[t]
         return list(info.shape_signature if info.shape_signature is not None else info.shape)
+
+    def values(self, t: int) -> np.ndarray:
+        """Constant ``t``'s values, read as its own type and shape (a buffer may be shared by
+        an alias of another type)."""
+        info = self.tensors[t]
+        data, want = np.asarray(self.buffers[info.buffer]), CIRCLE_TO_NUMPY[info.type]
+        return (data if data.dtype == want else data.view(want)).reshape(info.shape)
 
     def reshaped(self, t: int, dims: list[int], hint: list[int] | None = None, name: str | None = None,
                  source: str = "") -> tuple[int, list[OperatorInfo]]:

@@ -33,7 +33,7 @@ import numpy as np
 
 from ...circle import dims, limits
 from ...circle.limits import elementwise_max_rank
-from ...circle.schema import CIRCLE_TO_NUMPY, QuantParams, make_options as options
+from ...circle.schema import QuantParams, make_options as options
 from ...errors import UnsupportedOpError
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
@@ -129,8 +129,8 @@ def _split_depthwise(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] |
     per = max(limits.DEPTHWISE_DEPTH // mult, 1)  # input channels per slice
     n = -(-x_dims[-1] // per)
     per = -(-x_dims[-1] // n)  # balanced slices
-    filt = _values(mb, w)
-    bias = _values(mb, b).reshape(-1) if b >= 0 else None
+    filt = mb.values(w)
+    bias = mb.values(b).reshape(-1) if b >= 0 else None
     xinfo, oinfo = mb.tensors[x], mb.tensors[out_t]
     new_ops, pieces = [], []
     for k, c0 in enumerate(range(0, x_dims[-1], per)):
@@ -265,13 +265,6 @@ def _expand_batch(mb, op, groups, pa, pb, a_mat, b_mat, new_ops):
         outs.append(wide)
     one = [(SAME, list(range(len(full))))]
     return outs[0], outs[1], full, full, full, full, one
-
-
-def _values(mb: ModelBuilder, t: int) -> np.ndarray:
-    """Constant ``t``'s values, read as its own type and shape."""
-    info = mb.tensors[t]
-    data, want = np.asarray(mb.buffers[info.buffer]), CIRCLE_TO_NUMPY[info.type]
-    return (data if data.dtype == want else data.view(want)).reshape(info.shape)
 
 
 def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:

@@ -86,16 +86,8 @@ def _carrier(mb: ModelBuilder, bad: str, runs: frozenset, wrong: list[int]) -> s
         return next((c for c in _BOOL_CARRIERS if c in runs), None)
     if bad not in ("INT64", "INT32") or not all(mb.tensors[t].buffer for t in wrong):
         return None  # run-time integers: no carrier is exact for every value (int8: onert has no int8 CAST)
-    biggest = max((int(np.abs(_data(mb, t).astype(np.int64)).max(initial=0)) for t in wrong), default=0)
+    biggest = max((int(np.abs(mb.values(t).astype(np.int64)).max(initial=0)) for t in wrong), default=0)
     return next((c for c in ("INT32", "FLOAT32") if c in runs and biggest <= _EXACT[c]), None)
-
-
-def _data(mb: ModelBuilder, t: int) -> np.ndarray:
-    """Constant ``t``'s values, read as its own type (a buffer may be shared by an alias)."""
-    info = mb.tensors[t]
-    data = np.asarray(mb.buffers[info.buffer])
-    want = CIRCLE_TO_NUMPY[info.type]
-    return (data if data.dtype == want else data.view(want)).reshape(info.shape)
 
 
 def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -> int:
@@ -103,7 +95,7 @@ def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -
     info = mb.tensors[t]
     code = getattr(TT, carrier)
     if info.buffer:
-        data = _data(mb, t).astype(CIRCLE_TO_NUMPY[code])
+        data = mb.values(t).astype(CIRCLE_TO_NUMPY[code])
         return mb.add_constant(f"{info.name}/{carrier.lower()}", data)
     out = mb.add_tensor(f"{info.name}/{carrier.lower()}", list(info.shape), code, 0, info.shape_signature)
     ops.append(OperatorInfo(BO.CAST, [t], [out], None, source))
@@ -113,8 +105,8 @@ def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -
 def _as_strided_slice(mb: ModelBuilder, op: OperatorInfo) -> OperatorInfo:
     """SLICE (begin, size; size -1 = to the end) as the same STRIDED_SLICE (end = begin + size,
     an end-mask bit where size is -1, strides 1): onert 0.1.0's SLICE runs float32 only."""
-    begin = [int(v) for v in _data(mb, op.inputs[1]).reshape(-1)]
-    size = [int(v) for v in _data(mb, op.inputs[2]).reshape(-1)]
+    begin = [int(v) for v in mb.values(op.inputs[1]).reshape(-1)]
+    size = [int(v) for v in mb.values(op.inputs[2]).reshape(-1)]
     end = [0 if s == -1 else b + s for b, s in zip(begin, size)]
     mask = sum(1 << d for d, s in enumerate(size) if s == -1)
     consts = [mb.add_constant(f"{mb.tensors[op.outputs[0]].name}/{n}", np.asarray(v, np.int32))
@@ -130,8 +122,8 @@ def _pad_by_concat(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | N
     x, out = op.inputs[0], op.outputs[0]
     info = mb.tensors[x]
     sig = mb.dims(x)
-    table = _data(mb, op.inputs[1]).reshape(-1, 2)
-    value = _data(mb, op.inputs[2]).reshape(-1)[0] if len(op.inputs) > 2 and op.inputs[2] >= 0 else 0
+    table = mb.values(op.inputs[1]).reshape(-1, 2)
+    value = mb.values(op.inputs[2]).reshape(-1)[0] if len(op.inputs) > 2 and op.inputs[2] >= 0 else 0
     padded = [d for d in range(len(sig)) if table[d].any()]
     if not all(-1 not in sig[:d] + sig[d + 1:] for d in padded):
         return None
