@@ -12,6 +12,9 @@ TENSOR = 6
 BATCH_MATMUL = 4
 #: MEAN / SUM / REDUCE_MAX input (5-D: "ShapeValidator failed at line 304")
 REDUCE = 4
+#: a MEAN / SUM / REDUCE_MAX of this input rank with keepDims=False fails onert's shape validator
+#: for most axes (only [3] and [1, 2] pass): it must keep the dims and RESHAPE after
+REDUCE_DROPS_DIMS = 4
 #: BROADCAST_TO (rank 6: wrong values, no error; rank 7: the process crashes)
 BROADCAST_TO = 5
 #: STRIDED_SLICE input (rank 6: "ShapeValidator failed at line 969")

@@ -169,6 +169,20 @@ class ModelBuilder:
         target = self.add_constant(f"{name}/shape", np.asarray(dims, np.int32))
         return r, [OperatorInfo(BO.RESHAPE, [t, target], [r], None, source)]
 
+    def like(self, t: int, dims: list[int], hint: list[int] | None = None, name: str | None = None) -> int:
+        """A new run-time tensor of ``t``'s type and quantization shaped ``dims`` (-1 dynamic;
+        ``hint`` the example sizes for the ``shape`` field): the intermediate of a rewrite."""
+        dims, info = [int(d) for d in dims], self.tensors[t]
+        shape = [h if d == -1 else d for d, h in zip(dims, hint or [1] * len(dims))]
+        return self.add_tensor(name or f"{info.name}/folded", shape, info.type, 0, dims if -1 in dims else None,
+                               info.quantization)
+
+    def reshape_into(self, src: int, dst: int, source: str = "") -> OperatorInfo:
+        """The RESHAPE of ``src`` into existing tensor ``dst`` (to ``dst``'s dims): the last
+        operator of a rewrite that ran an operator on other dims."""
+        target = self.add_constant(f"{self.tensors[dst].name}/fold_shape", np.asarray(self.dims(dst), np.int32))
+        return OperatorInfo(BO.RESHAPE, [src, target], [dst], None, source)
+
     def rewrite_operators(self, rewrite) -> int:
         """Replace each operator ``op`` for which ``rewrite(op)`` returns a list of operators
         by that list (None keeps ``op``), in place; return how many were replaced. The

@@ -32,13 +32,15 @@ def test_ranks_step_folds_a_high_rank_elementwise_op_and_checks():
 
 
 def test_an_operator_no_step_fixes_is_a_legalize_error_naming_the_step():
-    # a 5-D reduction: the lowerings fold reductions, no post-lowering step does
-    mb = _one_op(BO.SUM, [[2, 2, 2, 2, 3]], [2, 2, 2, 2], consts=([4],),
-                 opts=make_options("ReducerOptions", keepDims=False))
+    # a depthwise convolution too deep for onert whose filter is a run-time tensor: the channel
+    # split needs the filter's values, so no step can fix it
+    depth = 4840
+    mb = _one_op(BO.DEPTHWISE_CONV_2D, [[1, 1, 4, depth], [1, 1, 1, depth], [depth]], [1, 1, 4, depth],
+                 opts=make_options("DepthwiseConv2DOptions", depthMultiplier=1, strideW=1, strideH=1))
     with pytest.raises(LegalizeError) as info:
         legalize(mb, set(mb.inputs) | set(mb.outputs))
-    assert info.value.step == "ranks" and "SUM at model.py:7" in str(info.value)
-    assert "reductions take rank <= 4" in str(info.value)
+    assert info.value.step == "ranks" and "DEPTHWISE_CONV_2D at model.py:7" in str(info.value)
+    assert "output depth 4840" in str(info.value)
 
 
 def test_check_reports_only_what_the_steps_so_far_ensure():
@@ -93,3 +95,33 @@ def test_ranks_step_folds_two_broadcast_runs_without_expanding():
     assert BO.BROADCAST_TO not in [op.code for op in mb.operators]
     (mm,) = [op for op in mb.operators if op.code == BO.BATCH_MATMUL]
     assert mb.dims(mm.inputs[0]) == [6, 1, 4, 5] and mb.dims(mm.inputs[1]) == [42, 5, 6]
+
+
+def test_ranks_step_folds_a_five_d_reduction_into_runs():
+    # reduced/kept alternate in 5 runs: the kept runs move in front (TRANSPOSE), [kept, reduced]
+    mb = _one_op(BO.SUM, [[2, 3, 4, 5, 6]], [3, 5], consts=([0, 2, 4],),
+                 opts=make_options("ReducerOptions", keepDims=False))
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    (red,) = [op for op in mb.operators if op.code == BO.SUM]
+    assert BO.TRANSPOSE in [op.code for op in mb.operators]
+    assert mb.dims(red.inputs[0]) == [15, 48] and list(mb.values(red.inputs[1])) == [1]
+
+
+def test_ranks_step_keeps_dims_of_a_four_d_reduction():
+    # onert's shape validator refuses most 4-D reductions that drop dims
+    mb = _one_op(BO.MEAN, [[2, 3, 4, 5]], [2, 5], consts=([1, 2],),
+                 opts=make_options("ReducerOptions", keepDims=False))
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    (red,) = [op for op in mb.operators if op.code == BO.MEAN]
+    assert red.options.keepDims and mb.dims(red.outputs[0]) == [2, 1, 1, 5]
+    assert [op.code for op in mb.operators] == [BO.MEAN, BO.RESHAPE]
+
+
+def test_ranks_step_folds_a_six_d_strided_slice_around_the_sliced_dim():
+    mb = _one_op(BO.STRIDED_SLICE, [[2, 3, 4, 5, 6, 7]], [2, 3, 2, 5, 6, 7],
+                 consts=([0, 0, 1, 0, 0, 0], [2, 3, 3, 5, 6, 7], [1, 1, 1, 1, 1, 1]),
+                 opts=make_options("StridedSliceOptions"))
+    legalize(mb, set(mb.inputs) | set(mb.outputs))
+    (sl,) = [op for op in mb.operators if op.code == BO.STRIDED_SLICE]
+    assert mb.dims(sl.inputs[0]) == [6, 4, 210] and mb.dims(sl.outputs[0]) == [6, 2, 210]
+    assert [list(mb.values(t)) for t in sl.inputs[1:]][0] == [0, 1, 0]

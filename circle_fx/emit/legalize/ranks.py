@@ -18,6 +18,8 @@ into one dim. RESHAPE in, the op on the folded shapes, RESHAPE out: exact, since
 order is unchanged (the peephole then merges back-to-back RESHAPEs between folded ops).
 Operators onert already computes correctly are left as they are.
 
+MEAN / SUM / REDUCE_MAX and STRIDED_SLICE above their ranks: :mod:`.axes`.
+
 BATCH_MATMUL above rank 4 (refused at prepare), BROADCAST_TO above rank 5 (wrong values at 6,
 a crash at 7): neighbouring batch / broadcast positions that behave alike are multiplied into
 one dim, as for elementwise operators (:func:`_fold_batch_matmul`, :func:`_fold_broadcast_to`).
@@ -36,6 +38,7 @@ from ...circle.limits import elementwise_max_rank
 from ...circle.schema import QuantParams, make_options as options
 from ...errors import UnsupportedOpError
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
+from . import axes
 
 #: ops whose inputs broadcast against each other elementwise (unary ops: one input)
 ELEMENTWISE = {getattr(BO, n) for n in limits.BINARY_ELEMENTWISE + limits.UNARY_ELEMENTWISE
@@ -87,10 +90,9 @@ def _fold_elementwise(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] 
     sig, shape = dims.fold(out, groups), dims.fold(mb.tensors[out_t].shape, groups)
     if sig.count(-1) > 1 or out.count(-1) > 1:
         return _refuse(op, out, ins, limit)
-    info = mb.tensors[out_t]
-    mid = mb.add_tensor(f"{info.name}/folded", shape, info.type, 0, sig if -1 in sig else None, info.quantization)
+    mid = mb.like(out_t, sig, shape)
     new_ops.append(OperatorInfo(op.code, new_ins, [mid], op.options, op.source))
-    new_ops.append(OperatorInfo(BO.RESHAPE, [mid, _shape_const(mb, info.name, out)], [out_t], None, op.source))
+    new_ops.append(mb.reshape_into(mid, out_t, op.source))
     return new_ops
 
 
@@ -106,10 +108,9 @@ def _fold_rms_norm(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | N
         return None  # the check after this step names it
     hint = [1, dims.numel(mb.tensors[x].shape[:-1]), mb.tensors[x].shape[-1]]
     x3, new_ops = mb.reshaped(x, as3d, hint, f"{mb.tensors[x].name}/3d", op.source)
-    info = mb.tensors[out_t]
-    y3 = mb.add_tensor(f"{info.name}/3d", hint, info.type, 0, as3d if -1 in as3d else None, info.quantization)
+    y3 = mb.like(out_t, as3d, hint, f"{mb.tensors[out_t].name}/3d")
     new_ops.append(OperatorInfo(op.code, [x3, *op.inputs[1:]], [y3], op.options, op.source))
-    new_ops.append(OperatorInfo(BO.RESHAPE, [y3, _shape_const(mb, info.name, mb.dims(out_t))], [out_t], None, op.source))
+    new_ops.append(mb.reshape_into(y3, out_t, op.source))
     return new_ops
 
 
@@ -180,11 +181,10 @@ def _fold_broadcast_to(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]
             f"correct up to rank {limits.BROADCAST_TO} only", [("BROADCAST_TO", "", op.source or "")])
     own, want = dims.fold(src, groups), dims.fold(dst, groups)
     xv, new_ops = mb.reshaped(x, own, own, f"{mb.tensors[x].name}/folded", op.source)
-    info = mb.tensors[out_t]
-    mid = mb.add_tensor(f"{info.name}/folded", want, info.type, 0, None, info.quantization)
-    new_ops.append(OperatorInfo(op.code, [xv, _shape_const(mb, f"{info.name}/folded", want)], [mid], op.options,
+    mid = mb.like(out_t, want)
+    new_ops.append(OperatorInfo(op.code, [xv, _shape_const(mb, mb.tensors[mid].name, want)], [mid], op.options,
                                 op.source))
-    new_ops.append(OperatorInfo(BO.RESHAPE, [mid, _shape_const(mb, info.name, dst)], [out_t], None, op.source))
+    new_ops.append(mb.reshape_into(mid, out_t, op.source))
     return new_ops
 
 
@@ -223,11 +223,9 @@ def _fold_batch_matmul(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]
     hint = [max(x, y) for x, y in zip(gha, ghb)] + [ah[-2], bh[-1]]
     if sig == mb.dims(out_t):
         return new_ops + [OperatorInfo(op.code, [a, b], [out_t], op.options, op.source)]
-    info = mb.tensors[out_t]
-    mm = mb.add_tensor(f"{info.name}/folded", hint, info.type, 0, sig if -1 in sig else None, info.quantization)
+    mm = mb.like(out_t, sig, hint)
     new_ops.append(OperatorInfo(op.code, [a, b], [mm], op.options, op.source))
-    new_ops.append(OperatorInfo(BO.RESHAPE, [mm, _shape_const(mb, info.name, mb.dims(out_t))], [out_t], None,
-                                op.source))
+    new_ops.append(mb.reshape_into(mm, out_t, op.source))
     return new_ops
 
 
@@ -258,7 +256,7 @@ def _expand_batch(mb, op, groups, pa, pb, a_mat, b_mat, new_ops):
             continue
         info = mb.tensors[t]
         src, ops = mb.reshaped(t, own + mat, own + mat, f"{info.name}/mm_batch", op.source)
-        wide = mb.add_tensor(f"{info.name}/mm_expanded", full + mat, info.type, 0, None, info.quantization)
+        wide = mb.like(t, full + mat, name=f"{info.name}/mm_expanded")
         ops.append(OperatorInfo(BO.BROADCAST_TO, [src, _shape_const(mb, f"{info.name}/mm_expanded", full + mat)],
                                 [wide], None, op.source))
         new_ops += ops
@@ -277,7 +275,8 @@ def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:
 #: Circle op -> its fold (replacement operators, or None when it is within its limit)
 FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm,
          BO.DEPTHWISE_CONV_2D: _split_depthwise, BO.BROADCAST_TO: _fold_broadcast_to,
-         BO.BATCH_MATMUL: _fold_batch_matmul}
+         BO.BATCH_MATMUL: _fold_batch_matmul, BO.STRIDED_SLICE: axes.fold_strided_slice,
+         **{code: axes.fold_reduce for code in (BO.MEAN, BO.SUM, BO.REDUCE_MAX)}}
 
 
 def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):

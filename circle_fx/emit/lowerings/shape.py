@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ...circle import limits
-from ...circle.dims import around, padded
+from ...circle.dims import padded
 from ...fx_utils import arguments
 from ..registry import lowering
 from ..types import numpy_dtype
@@ -19,7 +19,6 @@ from ._common import BO, options
 
 aten = torch.ops.aten
 INT32_MAX = 2**31 - 1
-SLICE_MAX_RANK = limits.STRIDED_SLICE  # onert 0.1.0's STRIDED_SLICE fails at prepare on rank 6
 
 
 @lowering(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
@@ -149,9 +148,6 @@ def slice_(ctx, node):
     end = size if end is None else end
     start = max(0, min(size, start + size if start < 0 else start))
     end = max(start, min(size, end + size if end < 0 else end))
-    if rank > SLICE_MAX_RANK:
-        _slice_folded(ctx, node, x, dim, start, end, step)
-        return
     begin = [0] * rank
     ends = list(shape)
     strides = [1] * rank
@@ -159,25 +155,6 @@ def slice_(ctx, node):
     ctx.op(BO.STRIDED_SLICE, [ctx.tensor(x), ctx.int_const(begin, "begin"), ctx.int_const(ends, "end"),
                               ctx.int_const(strides, "strides")], [ctx.output(node)],
            options("StridedSliceOptions"))
-
-
-def _slice_folded(ctx, node, x, dim, start, end, step):
-    """A static slice of one dim of a tensor above rank 5 (onert 0.1.0's STRIDED_SLICE fails
-    at prepare on rank 6, findings): the same slice of ``x`` viewed as ``[outer, size,
-    inner]`` (row-major, so both RESHAPEs are exact); a slice that keeps every element is
-    just the RESHAPE."""
-    outer, size, inner = around(ctx.dims(x, static=True), dim)
-    src = ctx.tensor(x)
-    if start == 0 and end >= size and step == 1 or size == 1 and end > start:
-        ctx.op(BO.RESHAPE, [src, ctx.shape_operand(node)], [ctx.output(node)])
-        return
-    x3 = ctx.new_tensor([outer, size, inner], ctx.dtype(x), "slice_in")
-    ctx.op(BO.RESHAPE, [src, ctx.int_const([outer, size, inner])], [x3])
-    n = len(range(start, end, step))
-    y3 = ctx.new_tensor([outer, n, inner], ctx.dtype(node), "slice_out")
-    ctx.op(BO.STRIDED_SLICE, [x3, ctx.int_const([0, start, 0], "begin"), ctx.int_const([outer, end, inner], "end"),
-                              ctx.int_const([1, step, 1], "strides")], [y3], options("StridedSliceOptions"))
-    ctx.op(BO.RESHAPE, [y3, ctx.shape_operand(node)], [ctx.output(node)])
 
 
 def _slice_dynamic(ctx, node, x, dim, start, end, step):
@@ -211,9 +188,6 @@ def select(ctx, node):
     rank = len(shape)
     dim %= rank
     index = index + shape[dim] if index < 0 else index
-    if rank > SLICE_MAX_RANK:
-        _slice_folded(ctx, node, x, dim, index, index + 1, 1)
-        return
     begin, ends, strides = [0] * rank, list(shape), [1] * rank
     begin[dim], ends[dim] = index, index + 1
     ctx.op(BO.STRIDED_SLICE, [ctx.tensor(x), ctx.int_const(begin, "begin"), ctx.int_const(ends, "end"),

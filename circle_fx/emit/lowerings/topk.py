@@ -64,7 +64,7 @@ def max_dim(ctx, node):
     src = ctx.tensor(x) if node.target is aten.max.dim else _negated(ctx, x, shape, dt)
     if values is not None:
         red = values if node.target is aten.max.dim else ctx.new_tensor(ctx.tensor_dims(values), dt, "negmax")
-        reduce_into(ctx, BO.REDUCE_MAX, src, x, [axis], bool(keepdim), red)
+        reduce_into(ctx, BO.REDUCE_MAX, src, [axis], bool(keepdim), red)
         if red != values:
             ctx.op(BO.NEG, [red], [values])
     if indices is not None:
@@ -93,7 +93,7 @@ def topk(ctx, node):
     vals, idxs = [], []
     for j in range(k):
         v = ctx.new_tensor(col, dt, f"v{j}")
-        reduce_into(ctx, BO.REDUCE_MAX, cur, x, [axis], True, v)  # folds ranks > 4, as max_dim does
+        reduce_into(ctx, BO.REDUCE_MAX, cur, [axis], True, v)
         vals.append(v)
         if indices is None and j == k - 1:
             break
