@@ -22,6 +22,7 @@ from ...circle import ggml
 from ...circle.schema import BO, make_options as options
 from ...emit.registry import lowering
 from ..ops import embedding_ggml, ggml_in_features, linear_ggml
+from ._fc import fully_connected
 
 
 def _weight(ctx, blocks, kind: str, what: str) -> int:
@@ -47,22 +48,14 @@ def lower_linear_ggml(ctx, node):
     wt = _weight(ctx, blocks, kind, f"the {kind} weight")
     out_dims = ctx.dims(node, static=True)
     rows = math.prod(out_dims[:-1])
-    flat = [rows, out_dims[-1]]
     xt = ctx.tensor(x)
     in_dims = ctx.dims(x, static=True)
     if len(in_dims) != 2:  # FULLY_CONNECTED flattens leading dims itself; a 1-D input needs a row
         x2 = ctx.new_tensor([rows, in_dims[-1]], torch.float32, "in2d")
         ctx.op(BO.RESHAPE, [xt, ctx.shape_operand([rows, in_dims[-1]])], [x2])
         xt = x2
-    last = len(out_dims) == 2
-    fc = ctx.output(node) if last and bias is None else ctx.new_tensor(flat, torch.float32, f"fc_{kind}")
-    ctx.op(BO.FULLY_CONNECTED, [xt, wt, -1], [fc], options("FullyConnectedOptions", keepNumDims=False))
-    if bias is not None:
-        biased = ctx.output(node) if last else ctx.new_tensor(flat, torch.float32, "biased")
-        ctx.op(BO.ADD, [fc, ctx.tensor(bias)], [biased], options("AddOptions"))
-        fc = biased
-    if not last:
-        ctx.op(BO.RESHAPE, [fc, ctx.shape_operand(node)], [ctx.output(node)])
+    after = [] if bias is None else [(BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased")]
+    fully_connected(ctx, node, xt, wt, after, [rows, out_dims[-1]], name=f"fc_{kind}")
 
 
 @lowering(embedding_ggml)

@@ -27,6 +27,7 @@ import torch
 from ...circle.schema import BO, QuantParams, make_options as options
 from ...emit.registry import lowering
 from ..ops import embedding_w8, linear_w8
+from ._fc import fully_connected
 
 _HYBRID = QuantParams(1.0, 0)
 
@@ -74,21 +75,10 @@ def lower_linear_w8(ctx, node):
         wf = ctx.new_tensor(ctx.dims(w, static=True), torch.float32, "weight_f32")
         ctx.op(BO.DEQUANTIZE, [wt], [wf])
         wt = wf
-    last = len(out_dims) == 2
-
-    def step(name, is_last):
-        return ctx.output(node) if is_last and last else ctx.new_tensor(flat, torch.float32, name, flat_hint)
-
-    fc = ctx.new_tensor(flat, torch.float32, "fc_int8", flat_hint)
-    ctx.op(BO.FULLY_CONNECTED, [xt, wt, -1], [fc], options("FullyConnectedOptions", keepNumDims=False))
-    scaled = step("scaled", bias is None)
-    ctx.op(BO.MUL, [fc, ctx.tensor(scale)], [scaled], options("MulOptions"))
+    after = [(BO.MUL, ctx.tensor(scale), options("MulOptions"), "scaled")]
     if bias is not None:
-        biased = step("biased", True)
-        ctx.op(BO.ADD, [scaled, ctx.tensor(bias)], [biased], options("AddOptions"))
-        scaled = biased
-    if not last:
-        ctx.op(BO.RESHAPE, [scaled, ctx.shape_operand(node)], [ctx.output(node)])
+        after.append((BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased"))
+    fully_connected(ctx, node, xt, wt, after, flat, flat_hint, "fc_int8")
 
 
 @lowering(embedding_w8)
