@@ -224,7 +224,8 @@ def _explain_candidate(node, family, fuse, recorded, hint):
             if not m:
                 failures.append((m, rule.name))
     if require_check:
-        failures = [(f, r) for f, r in failures if f.check is not None and f.root in node.users]
+        # a check refused a complete match that reads the candidate or holds it
+        failures = [(f, r) for f, r in failures if f.check is not None and (f.root in node.users or node in f.nodes)]
     if not failures and require_check:
         return None
 

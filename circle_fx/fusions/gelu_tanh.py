@@ -27,7 +27,7 @@ import torch
 from ..fx_utils import dtype_of, make_node, number
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
-from .registry import FusionFamily, register_family
+from .registry import Candidate, FusionFamily, register_family
 
 aten = torch.ops.aten
 
@@ -91,6 +91,11 @@ _CHECKS = (_check_float, _check_constants)
 RULES = [Rewrite(fn.__name__, Pattern(fn), _replace, _CHECKS, produces="gelu")
          for fn in (gelu_new_half_last, gelu_fast, gelu_new)]
 
-# No explain candidates: ``tanh`` alone is too common (soft-capping, gates) to report each one
-# as a missed GELU.
-FAMILY = register_family(FusionFamily("gelu_tanh", RULES, op=aten.gelu.default, title="GELU (tanh)"))
+#: ``explain``: a ``tanh`` that did not fuse is reported only when a rule's shape matched
+#: around it and a named check refused (another coefficient, a non-float input): ``tanh``
+#: alone is too common (soft-capping, gates) to report each one as a missed GELU. The rule's
+#: root is three users below it (``tanh -> add -> mul -> mul``).
+CANDIDATES = (Candidate(lambda n: n.target is aten.tanh.default, hops=3, require_check=True),)
+
+FAMILY = register_family(FusionFamily("gelu_tanh", RULES, op=aten.gelu.default, candidates=CANDIDATES,
+                                      title="GELU (tanh)"))

@@ -104,6 +104,28 @@ def test_near_miss_names_the_refusing_check():
     assert not failure and failure.check == "_check_constants" and "0.044715" in str(failure.why)
 
 
+@pytest.mark.parametrize("model,check,words", [
+    (Gelu(c=0.05), "_check_constants", "cubic coefficient 0.05 != 0.044715"),
+    (Gelu(half=0.4), "_check_constants", "half 0.4 != 0.5"),
+], ids=["coefficient", "half"])
+def test_explain_reports_the_near_miss_by_its_check(model, check, words):
+    """``explain`` names the refusing check and the model line, as for RMSNorm."""
+    result = circle_fx.explain(model, (torch.randn(2, 5, 16),))
+    (entry,) = result.entries
+    assert entry.kind == "gelu_tanh" and entry.check == check and words in entry.reason, result.format()
+    assert "test_gelu_tanh.py" in entry.source
+
+
+def test_explain_is_silent_on_a_lone_tanh_and_on_a_fused_gelu():
+    """``tanh`` alone (soft-capping) is no missed GELU: only a refused check is reported."""
+    class SoftCap(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x / 30.0) * 30.0
+
+    for model in (SoftCap(), Gelu()):
+        assert not circle_fx.explain(model, (torch.randn(2, 5, 16),)).entries
+
+
 @settings(max_examples=12, deadline=None)
 @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4),
        c=st.sampled_from([0.044715, 0.044715 * (1 + 1e-8), 0.04, 0.05]),
