@@ -3,7 +3,7 @@
 Linear-attention models (chunked delta rules: Qwen3-Next, Kimi-Linear, OLMo-hybrid...)
 multiply, reduce and mask ``[B, H, chunks, C, C]`` tensors. onert 0.1.0 refuses BATCH_MATMUL
 and reductions at rank 5, and computes SELECT_V2 with a broadcasting operand wrongly at rank
-5 (no error). Each case runs in onert against eager; the verify cases show that an operator
+5 (no error). Each case runs in onert against eager (the matrix products: ``test_matmul.py``); the verify cases show that an operator
 beyond a limit is reported instead of written silently.
 """
 from __future__ import annotations
@@ -37,36 +37,6 @@ def r(*shape):
 
 def mask(*shape):
     return torch.rand(*shape, generator=_gen(shape, "mask")) > 0.5
-
-
-MATMULS = {
-    # the delta rule's k @ k^T and attn @ v: [B, H, chunks, C, D]
-    "rank5": (r(1, 4, 2, 8, 6), r(1, 4, 2, 6, 8)),
-    "rank5_lhs_broadcasts": (r(1, 4, 1, 8, 6), r(2, 4, 3, 6, 5)),
-    "rank5_both_broadcast": (r(2, 1, 3, 8, 6), r(1, 4, 3, 6, 5)),
-    "rank5_x_rank2": (r(2, 2, 3, 4, 5), r(5, 6)),
-    "rank5_x_rank3": (r(2, 2, 3, 4, 5), r(3, 5, 6)),
-    # 1s alternating between the operands: three broadcast runs, expanded first
-    "three_runs": (r(2, 1, 3, 4, 5), r(1, 4, 1, 5, 6)),
-    "rank6": (r(2, 3, 1, 4, 5, 6), r(1, 3, 2, 4, 6, 2)),
-    "vector_lhs": (r(5), r(2, 2, 3, 5, 6)),
-    "vector_rhs": (r(2, 2, 3, 4, 5), r(5)),
-    "vector_x_matrix": (r(5), r(5, 6)),
-}
-
-
-@pytest.mark.parametrize("name", list(MATMULS))
-def test_matmul_any_rank_matches_eager(name):
-    torch.manual_seed(0)
-    a, b = MATMULS[name]
-    cm = assert_onert_matches_eager(Fn(torch.matmul), (a, b), **TOL)
-    assert cm.op_histogram()["BATCH_MATMUL"] == 1
-
-
-def test_rank4_matmul_is_unchanged():
-    """Within onert's ranks nothing is folded: one BATCH_MATMUL, no RESHAPE."""
-    cm = assert_onert_matches_eager(Fn(torch.matmul), (r(2, 1, 4, 5), r(1, 3, 5, 6)), **TOL)
-    assert dict(cm.op_histogram()) == {"BATCH_MATMUL": 1}
 
 
 REDUCTIONS = {

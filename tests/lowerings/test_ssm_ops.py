@@ -1,11 +1,11 @@
 """Ops that the state-space / hybrid transformers families (Mamba, Mamba-2, Jamba, Zamba...)
 produce in their slow (pure torch) paths, each checked in onert against eager.
 
-- ``weight @ x`` with a constant lhs (Mamba's ``dt_proj.weight @ time_step``): onert 0.1.0
-  refuses a constant BATCH_MATMUL lhs, so it is computed as ``(x^T @ weight^T)^T``;
 - decompositions (einsum -> bmm) of permuted, sliced inputs (Mamba-2's multi-chunk scan);
-- 5-D products and reductions (xLSTM's chunked ``[b, heads, chunks, l, l]``): onert takes
-  rank <= 4, so batch dims are flattened / neighbouring dims merged first.
+- 5-D reductions (xLSTM's chunked ``[b, heads, chunks, l, l]``): onert takes rank <= 4, so
+  neighbouring dims are merged first.
+
+Their matrix products (a constant lhs, rank 5) are in ``test_matmul.py``.
 """
 from __future__ import annotations
 
@@ -15,22 +15,6 @@ import torch
 from onert_eager import Fn, assert_onert_matches_eager
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-class ConstLhs(torch.nn.Module):
-    def __init__(self, shape):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(*shape, generator=torch.Generator().manual_seed(3)))
-
-    def forward(self, x):
-        return self.weight @ x.transpose(1, 2)
-
-
-@pytest.mark.parametrize("shape", [(12, 5), (2, 12, 5)], ids=["2d", "3d"])
-def test_matmul_with_constant_lhs(shape):
-    x = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(4))
-    cm = assert_onert_matches_eager(ConstLhs(shape), (x,), **TOL)
-    assert cm.op_histogram()["BATCH_MATMUL"] == 1
 
 
 class ChunkedEinsum(torch.nn.Module):
@@ -70,11 +54,3 @@ def test_reduction_axes_that_alternate_still_fold():
     this was a clear error before (tests/lowerings/test_high_rank_ops.py covers 5 runs: TRANSPOSE first)."""
     cm = assert_onert_matches_eager(Fn(lambda x: x.sum((0, 2, 4))), (X5,), **TOL)
     assert cm.op_histogram()["SUM"] == 1
-
-
-@pytest.mark.parametrize("other", [(1, 3, 2, 4, 5), (4, 5)], ids=["5d", "broadcast_2d"])
-def test_matmul_of_rank_5(other):
-    """onert's BATCH_MATMUL takes rank 2..4: the batch dims are broadcast and flattened."""
-    y = torch.randn(*other, generator=torch.Generator().manual_seed(7))
-    cm = assert_onert_matches_eager(Fn(lambda x, y: x @ y), (X5, y), **TOL)
-    assert cm.op_histogram()["BATCH_MATMUL"] == 1

@@ -215,15 +215,6 @@ def test_fold_views_drops_ops_and_keeps_numbers():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_peephole_feeds_transposed_operand_to_batch_matmul_directly():
-    """``q @ k.transpose(-1, -2)`` needs no TRANSPOSE: BATCH_MATMUL's adjointRhs does it."""
-    torch.manual_seed(0)
-    mod = Fn(lambda q, k: torch.softmax(q @ k.transpose(-1, -2), -1))
-    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8)
-    cm = assert_onert_matches_eager(mod, (q, k), rtol=0, atol=1e-6)
-    assert cm.op_histogram()["TRANSPOSE"] == 0 and cm.op_histogram()["BATCH_MATMUL"] == 1
-
-
 def test_fold_views_turns_repeat_kv_into_one_gather():
     """transformers' repeat_kv (unsqueeze, expand, reshape) -> one GATHER with an interleaved index."""
     def repeat_kv(k):
