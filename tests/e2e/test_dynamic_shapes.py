@@ -312,3 +312,16 @@ def test_tiny_llama_dynamic_seq_with_mask_and_positions_as_inputs(tiny_llama):
 
 # A transformers decoder from input_ids alone (positions and mask built at run time): see
 # tests/llm/test_dynamic_seq_llm.py.
+
+
+class _Clamp(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, min=-0.5, max=0.5) * 2
+
+
+def test_clamp_with_dynamic_batch():
+    model = _Clamp()
+    cm = circle_fx.export(model, (torch.randn(3, 7),), dynamic_shapes=({0: Dim("b", min=2, max=8)},))
+    for rows in (3, 6):
+        x = torch.randn(rows, 7, generator=torch.Generator().manual_seed(rows))
+        assert torch.allclose(torch.as_tensor(cm.run(x)[0]), model(x), rtol=1e-6, atol=1e-6)

@@ -168,3 +168,20 @@ def test_table_matches_onert(name, tmp_path):
         runs = tname in limits.ELEMENT_TYPES[name][1]
         exact = got is not None and all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want))
         assert exact == runs, (name, tname, got)
+
+
+IDS = torch.randint(0, 2**40, (1, 8), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("fn, inp", [
+    (lambda ids: ids.transpose(0, 1) * 3, IDS),                      # XLNet: only a size-1 dim moves
+    (lambda x: (x > 0).permute(2, 0, 3, 1), torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))),                        # bool: through int32
+    (lambda x: (x > 0).transpose(0, 1).float() * x.transpose(0, 1), torch.randn(3, 7, generator=torch.Generator().manual_seed(1))),
+], ids=["int64_size1_dims", "bool_permute", "bool_transpose"])
+def test_transpose_of_types_onert_cannot_transpose(fn, inp):
+    assert_onert_matches_eager(Fn(fn), (inp,), rtol=1e-6, atol=1e-6)
+
+
+def test_int64_transpose_is_a_clear_error():
+    with pytest.raises(circle_fx.UnsupportedOpError, match="TRANSPOSE runs only float32 and int32"):
+        circle_fx.export(Fn(lambda ids: ids.transpose(0, 1) * 2), (IDS.reshape(2, 4),))

@@ -134,3 +134,18 @@ def test_folds_keep_a_dynamic_dim():
     for n in (2, 5):
         k = r(1, 2, n, 8, 4)
         np.testing.assert_allclose(cm.run(k, mask)[0], _Chunked()(k, mask).numpy(), rtol=1e-5, atol=1e-5)
+
+
+A5 = torch.randn(1, 3, 5, 2, 6, generator=torch.Generator().manual_seed(3))
+B5 = torch.randn(1, 3, 5, 2, 6, generator=torch.Generator().manual_seed(4))
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda a, b: (a < b).float() + (a >= b).float() * 2, (A5, B5)),         # same shape
+    (lambda a, b: (a > b[:, :1, :, :, :1]).float(), (A5, B5)),               # broadcast in two places
+    (lambda a, b: torch.where(a != b[..., :1, :], a, b), (A5, B5)),
+], ids=["lt_ge_same_shape", "gt_broadcast", "ne_where"])
+def test_5d_comparisons(fn, inputs):
+    """onert 0.1.0's 5-D LESS / GREATER / NOT_EQUAL ... return wrong booleans with no error;
+    emit/legalize/ranks.py merges dims to rank <= 4 after lowering (circle/limits.py: COMPARISON)."""
+    assert_onert_matches_eager(Fn(fn), inputs, rtol=1e-6, atol=1e-6)

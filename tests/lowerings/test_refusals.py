@@ -8,6 +8,7 @@ import torch
 import circle_fx
 from circle_fx.emit.registry import LOWERINGS, REFUSALS, lowering, refusal
 from circle_fx.passes.decompositions import REFUSED_FORMS
+from onert_eager import Fn
 
 aten = torch.ops.aten
 
@@ -63,3 +64,10 @@ def test_refusal_is_registered_with_the_lowering_and_replaced_with_it():
         assert refusal(node) is None  # a new lowering without refusals takes every form
     finally:
         lowering(target, override=True, refuses=old_why)(old_fn)
+
+
+def test_int64_sum_is_a_clear_error():
+    """A sum of int64 values (not provably within int32) stays a clear error; a sum of bools
+    is exact as an int32 SUM (tests/lowerings/test_family_op_forms.py::...[sum_bool_int64])."""
+    with pytest.raises(circle_fx.UnsupportedOpError, match="int32"):
+        circle_fx.export(Fn(lambda x: (x * 1000).long().sum(dim=-1)), (torch.randn(3, 7),))

@@ -1,6 +1,7 @@
 """``torch.topk`` in onert (it has no TOPK_V2 kernel: circle_fx lowers it through REDUCE_MAX
 rounds), against eager: values and indices, the MoE router use, rank 5, rows with fewer
-finite values than k, and no index wrapping for its (never negative) positions.
+finite values than k, and no index wrapping for its (never negative) positions; and
+``max.dim`` / ``min.dim`` (REDUCE_MAX + ARG_MAX) on 4-D inputs.
 """
 from __future__ import annotations
 
@@ -67,3 +68,28 @@ def test_topk_indices_need_no_wrap():
     model = Fn(lambda x: x[:, torch.topk(x[0], 2).indices] * 1)
     cm = assert_onert_matches_eager(model, (_randn(3, 7, seed=1),), rtol=1e-6, atol=1e-6)
     assert "LESS" not in cm.op_histogram()
+
+
+X4 = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.max(dim=1).values + 0,
+    lambda x: x.min(dim=2)[0] * 1,
+    lambda x: x.max(dim=1).indices,
+    lambda x: x.min(dim=-2, keepdim=True)[0] * 2,
+], ids=["max_values", "min_values", "max_indices", "min_keepdim"])
+def test_max_min_dim_on_4d(fn):
+    """4-D REDUCE_MAX / ARG_MAX: the reduction keeps its dims (the ranks legalization step)."""
+    assert_onert_matches_eager(Fn(fn), (X4,), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", [torch.max, torch.min])
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_max_min_dim(op, keepdim):
+    _check(Fn(lambda x: tuple(op(x, dim=-1, keepdim=keepdim))), _randn(2, 3, 7))
+
+
+def test_max_dim_values_only_emits_no_argmax():
+    cm = _check(Fn(lambda x: x - x.max(dim=-1, keepdim=True).values), _randn(2, 3, 7))
+    assert "ARG_MAX" not in cm.op_histogram()
