@@ -14,6 +14,7 @@ import numpy as np
 
 from ..circle.dedup import duplicate_bytes, duplicates
 from ..circle.schema import BO, CIRCLE_TO_NUMPY, NUMPY_TO_CIRCLE, QuantParams, op_name  # noqa: F401  (BO, op_name re-exported)
+from ..errors import UnsupportedOpError
 
 
 class Stacked:
@@ -54,6 +55,16 @@ class OperatorInfo:
     outputs: list[int]
     options: object = None
     source: str = ""
+
+    @property
+    def where(self) -> str:
+        """`` at model.py:12`` (the model line it was lowered from) for a message, or ``""``."""
+        return f" at {self.source}" if self.source else ""
+
+    def unsupported(self, message: str) -> UnsupportedOpError:
+        """The export-time error for this operator (``message`` places :attr:`where`), naming
+        the op and its model line for the report: never a file that fails or miscomputes."""
+        return UnsupportedOpError(message, [(op_name(self.code), "", self.source or "")])
 
 
 @dataclass

@@ -78,8 +78,7 @@ def check(mb: ModelBuilder, step: str, ensured) -> None:
             msg = rank_problem(name, [mb.dims(t) if t >= 0 else [] for t in op.inputs],
                                mb.dims(op.outputs[0]) if op.outputs else [])
         if msg:
-            where = f" at {op.source}" if op.source else ""
-            problems.append(f"operator {k} {name}{where}: {msg}")
+            problems.append(f"operator {k} {name}{op.where}: {msg}")
             ops.append((name, "", op.source or ""))
     if problems:
         raise LegalizeError(

@@ -36,7 +36,6 @@ import numpy as np
 from ...circle import dims, limits
 from ...circle.limits import elementwise_max_rank
 from ...circle.schema import QuantParams, make_options as options
-from ...errors import UnsupportedOpError
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 from . import axes
 
@@ -175,10 +174,9 @@ def _fold_broadcast_to(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]
         return None  # BROADCAST_TO takes a constant shape: the check after this step names it
     groups = dims.runs([own == want for own, want in zip(src, dst)], skip=lambda k: dst[k] == 1)
     if len(groups) > limits.BROADCAST_TO:
-        where = f" at {op.source}" if op.source else ""
-        raise UnsupportedOpError(
-            f"broadcasting {src} to {dst}{where} needs a rank-{len(groups)} BROADCAST_TO; onert 0.1.0's is "
-            f"correct up to rank {limits.BROADCAST_TO} only", [("BROADCAST_TO", "", op.source or "")])
+        raise op.unsupported(
+            f"broadcasting {src} to {dst}{op.where} needs a rank-{len(groups)} BROADCAST_TO; onert 0.1.0's is "
+            f"correct up to rank {limits.BROADCAST_TO} only")
     own, want = dims.fold(src, groups), dims.fold(dst, groups)
     xv, new_ops = mb.reshaped(x, own, own, f"{mb.tensors[x].name}/folded", op.source)
     mid = mb.like(out_t, want)
@@ -243,11 +241,9 @@ def _expand_batch(mb, op, groups, pa, pb, a_mat, b_mat, new_ops):
     in turn by :func:`_fold_broadcast_to`), after which the batch is one 'same' run."""
     a, b = op.inputs[:2]
     if -1 in pa + pb + a_mat + b_mat:
-        name = op_name(op.code)
-        where = f" at {op.source}" if op.source else ""
-        raise UnsupportedOpError(
-            f"a {name}{where} whose batch dims broadcast in more than two alternating runs needs static "
-            f"shapes (BROADCAST_TO takes a constant shape)", [(name, "", op.source or "")])
+        raise op.unsupported(
+            f"a {op_name(op.code)}{op.where} whose batch dims broadcast in more than two alternating runs needs "
+            f"static shapes (BROADCAST_TO takes a constant shape)")
     full = [max(x, y) for x, y in zip(pa, pb)]
     outs = []
     for t, own, mat in ((a, pa, a_mat), (b, pb, b_mat)):
@@ -283,11 +279,9 @@ def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):
     """An operator onert would compute wrongly (or crash on) that no RESHAPE brings within its
     limit: an export-time error naming it and its source line, never a silently wrong file."""
     name = op_name(op.code)
-    where = f" at {op.source}" if op.source else ""
-    raise UnsupportedOpError(
-        f"a {len(out)}-D {name} of operands {ins}{where}: onert 0.1.0 computes {name} correctly up to "
-        f"rank {limit} only, and these dims do not merge into {limit} (dynamic or alternating broadcasts)",
-        [(name, "", op.source or "")])
+    raise op.unsupported(
+        f"a {len(out)}-D {name} of operands {ins}{op.where}: onert 0.1.0 computes {name} correctly up to "
+        f"rank {limit} only, and these dims do not merge into {limit} (dynamic or alternating broadcasts)")
 
 
 def _shape_const(mb: ModelBuilder, name: str, target: list[int]) -> int:

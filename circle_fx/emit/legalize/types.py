@@ -27,7 +27,6 @@ import numpy as np
 from ...circle.dims import padded
 from ...circle.limits import ELEMENT_TYPES, data_inputs, unsupported_type
 from ...circle.schema import CIRCLE_TO_NUMPY, TT, make_options as options, type_name
-from ...errors import UnsupportedOpError
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
 #: carriers tried for a bool tensor, in order (CAST bool <-> int32 / float32 are exact in onert)
@@ -157,9 +156,8 @@ def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
 
 
 def _refuse(op: OperatorInfo, name: str, bad: str, runs: frozenset, constant: bool = False) -> None:
-    where = f" at {op.source}" if op.source else ""
     what = "constants (beyond what it runs exactly)" if constant else "values known only at run time"
-    raise UnsupportedOpError(
-        f"a {name} of {bad.lower()} {what}{where}: onert 0.1.0 runs {name} on "
+    raise op.unsupported(
+        f"a {name} of {bad.lower()} {what}{op.where}: onert 0.1.0 runs {name} on "
         f"{', '.join(sorted(t.lower() for t in runs))} only, and no type it runs holds every {bad.lower()} "
-        f"value exactly; cast the tensor to a type it runs in the model", [(name, "", op.source or "")])
+        f"value exactly; cast the tensor to a type it runs in the model")
