@@ -1,6 +1,6 @@
 """Ops above the ranks onert 0.1.0 runs, folded into ranks it does (circle_fx/circle/limits.py).
 
-Linear-attention models (chunked delta rules: Qwen3-Next, Kimi-Linear, OLMo-hybrid...)
+Linear-attention and xLSTM models (chunked delta rules: Qwen3-Next, Kimi-Linear, OLMo-hybrid...)
 multiply, reduce and mask ``[B, H, chunks, C, C]`` tensors. onert 0.1.0 refuses BATCH_MATMUL
 and reductions at rank 5, and computes SELECT_V2 with a broadcasting operand wrongly at rank
 5 (no error). Each case runs in onert against eager (the matrix products: ``test_matmul.py``); the verify cases show that an operator
@@ -39,19 +39,31 @@ def mask(*shape):
     return torch.rand(*shape, generator=_gen(shape, "mask")) > 0.5
 
 
+X5 = r(1, 3, 2, 4, 4)  # xLSTM's chunked [b, heads, chunks, l, l]: a size-1 dim that folds into any run
+
 REDUCTIONS = {
-    "delta_rule_sum": lambda x: (x[..., 0, :5].unsqueeze(-1) * x).sum(-2),  # (row[..., None] * sub).sum(-2)
-    "sum_keepdim": lambda x: x.sum(-2, keepdim=True),
-    "mean_alternating": lambda x: x.mean((1, 3)),  # kept/reduced alternate 5 times: TRANSPOSE first
-    "amax": lambda x: x.amax((0, 2, 4)),
-    "sum_all": lambda x: x.sum(),
+    "delta_rule_sum": (lambda x: (x[..., 0, :5].unsqueeze(-1) * x).sum(-2), r(2, 3, 4, 5, 6)),
+    "sum_keepdim": (lambda x: x.sum(-2, keepdim=True), r(2, 3, 4, 5, 6)),
+    "mean_alternating": (lambda x: x.mean((1, 3)), r(2, 3, 4, 5, 6)),  # kept/reduced alternate 5 times: TRANSPOSE
+    "amax": (lambda x: x.amax((0, 2, 4)), r(2, 3, 4, 5, 6)),
+    "sum_all": (lambda x: x.sum(), r(2, 3, 4, 5, 6)),
+    "amax_last": (lambda x: x.amax(-1), X5),
+    "mean_middle": (lambda x: x.mean((1, 2)), X5),
+    "sum_last_two": (lambda x: x.sum((3, 4)), X5),
 }
 
 
 @pytest.mark.parametrize("name", list(REDUCTIONS))
 def test_rank5_reductions_match_eager(name):
-    torch.manual_seed(0)
-    assert_onert_matches_eager(Fn(REDUCTIONS[name]), (r(2, 3, 4, 5, 6),), rtol=1e-4, atol=1e-4)
+    fn, x = REDUCTIONS[name]
+    assert_onert_matches_eager(Fn(fn), (x,), rtol=1e-4, atol=1e-4)
+
+
+def test_reduction_runs_skip_a_size1_dim():
+    """Reduced and kept dims alternate 5 times, but the size-1 dim drops out: 4 runs, one SUM
+    and no TRANSPOSE (5 runs: ``mean_alternating``)."""
+    cm = assert_onert_matches_eager(Fn(lambda x: x.sum((0, 2, 4))), (X5,), rtol=1e-5, atol=1e-5)
+    assert cm.op_histogram()["SUM"] == 1 and "TRANSPOSE" not in cm.op_histogram()
 
 
 WHERES = {

@@ -109,6 +109,10 @@ CASES = {
     "pad_value": (lambda x: F.pad(x, (1, 1), value=-2.0), [(2, 3)]),
     "softplus": (lambda x: F.softplus(x * 3), [(4, 8)]),
     "einsum": (lambda x, y: torch.einsum("bhsd,bhtd->bhst", x, y), [(1, 2, 3, 4), (1, 2, 5, 4)]),
+    # Mamba-2's chunked scan: states are a slice of a permuted tensor, so the decomposition must
+    # be traced with the graph's strides (a view of contiguous examples would be wrong)
+    "einsum_of_a_permuted_slice": (lambda c, s: torch.einsum("bclhn,bchpn->bclhp", c, s.permute(1, 2, 0, 3, 4)[:, :-1]),
+                                   [(1, 2, 4, 8, 8), (8, 1, 3, 16, 8)]),
     "linalg_vector_norm": (lambda x: x / torch.linalg.vector_norm(x, dim=-1, keepdim=True), [(3, 8)]),
     "var_mean": (lambda x: tuple(torch.var_mean(x, dim=-1, keepdim=True)), [(3, 8)]),
     "layer_norm": (lambda x: F.layer_norm(x, (8,), torch.linspace(0.5, 1.5, 8), torch.linspace(-1, 1, 8)), [(2, 3, 8)]),
