@@ -23,6 +23,12 @@ class Fn(torch.nn.Module):
         return self.fn(*xs)
 
 
+def randn(*shape, seed: int = 0) -> torch.Tensor:
+    """Seeded inputs, independent of what ran before (the global RNG would make a test's
+    values depend on test order)."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
 def assert_onert_matches_eager(module, inputs, *, rtol: float, atol: float, **export_kwargs):
     """Export ``module`` on ``inputs``, run it in onert, compare with eager; return the CircleModel."""
     inputs = tuple(inputs)

@@ -31,19 +31,16 @@ from circle_fx.emit.registry import lowering_for
 from circle_fx.errors import UnsupportedOpError
 from circle_fx.passes.decompositions import REFUSED_FORMS
 
-from onert_eager import Fn, assert_onert_matches_eager
+from onert_eager import Fn, assert_onert_matches_eager, randn
 
 aten = torch.ops.aten
 
-
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 class Unbind(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.scale = torch.nn.Parameter(_randn(3, 4, seed=7))
+        self.scale = torch.nn.Parameter(randn(3, 4, seed=7))
 
     def forward(self, x):
         a, b, c = self.scale.unbind(0)
@@ -62,7 +59,7 @@ class HashTable(torch.nn.Module):
 
 
 CONTEXT = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0]], dtype=torch.int32)
-QUERY = _randn(8, seed=9)
+QUERY = randn(8, seed=9)
 class RowGather(torch.nn.Module):
     """RoBERTa: ``torch.gather(buffered_token_type_ids [1, max_len] int64, 1, position_ids)``."""
 
@@ -84,28 +81,28 @@ def _ngram_einsum(q, k):
 IDS = torch.tensor([[3, 0, 15, 7, 7, 2]])
 
 CASES = {
-    "unbind_weight": (Unbind(), [_randn(2, 4)]),
-    "softmax_axis_2_of_4d": (Fn(lambda x: x.softmax(dim=2) * 2), [_randn(1, 3, 4, 5)]),
-    "softmax_axis_1_dtype": (Fn(lambda x: torch.softmax(x, 1, dtype=torch.float32)), [_randn(2, 6, 3)]),
-    "log_softmax_axis_0": (Fn(lambda x: torch.log_softmax(x, 0)), [_randn(5, 3)]),
-    "sum_bool_int64": (Fn(lambda x: ((x > 0).sum(-1), (x > 0).sum(), (x < 0).sum(1, keepdim=True))), [_randn(2, 6, 5)]),
+    "unbind_weight": (Unbind(), [randn(2, 4)]),
+    "softmax_axis_2_of_4d": (Fn(lambda x: x.softmax(dim=2) * 2), [randn(1, 3, 4, 5)]),
+    "softmax_axis_1_dtype": (Fn(lambda x: torch.softmax(x, 1, dtype=torch.float32)), [randn(2, 6, 3)]),
+    "log_softmax_axis_0": (Fn(lambda x: torch.log_softmax(x, 0)), [randn(5, 3)]),
+    "sum_bool_int64": (Fn(lambda x: ((x > 0).sum(-1), (x > 0).sum(), (x < 0).sum(1, keepdim=True))), [randn(2, 6, 5)]),
     "int64_constant_table": (HashTable(), [IDS]),
     "gather_one_row_int64": (RowGather(), [IDS]),
-    "sum_5d_middle_axis": (Fn(lambda x: x.sum(dim=2) + x.mean(dim=(2, 3)).unsqueeze(2)), [_randn(1, 2, 3, 4, 5)]),
+    "sum_5d_middle_axis": (Fn(lambda x: x.sum(dim=2) + x.mean(dim=(2, 3)).unsqueeze(2)), [randn(1, 2, 3, 4, 5)]),
     "compare_5d_broadcast": (Fn(lambda i: (i.unsqueeze(-1) == torch.arange(3)).float().sum(-2)),
                              [torch.tensor([[[[0, 2], [1, 1]], [[2, 0], [0, 1]]]])]),
-    "unfold_conv_windows": (Fn(lambda x: x.unfold(-1, 3, 1).flip(-1).transpose(1, 2) * 2), [_randn(2, 4, 6)]),
-    "unfold_step_2_middle_dim": (Fn(lambda x: x.unfold(1, 2, 2) + 1), [_randn(2, 5, 3)]),
+    "unfold_conv_windows": (Fn(lambda x: x.unfold(-1, 3, 1).flip(-1).transpose(1, 2) * 2), [randn(2, 4, 6)]),
+    "unfold_step_2_middle_dim": (Fn(lambda x: x.unfold(1, 2, 2) + 1), [randn(2, 5, 3)]),
     "constant_lhs_matmul": (Fn(lambda x: torch.matmul(QUERY.view(-1, 8).expand(1, 2, 1, 8), x.transpose(-1, -2))),
-                            [_randn(1, 2, 3, 8)]),
-    "int_and_or_of_flags": (Fn(lambda x: (CONTEXT | (x > 0)) & (x < 1)), [_randn(2, 4)]),   # CPM-Ant's mask
-    "cat_bools": (Fn(lambda x: torch.cat((torch.ones(2, 1, dtype=torch.bool), x > 0), dim=1)), [_randn(2, 4)]),
-    "slice_bools": (Fn(lambda x: (x > 0)[:, 1:3] & (x < 1)[:, ::2]), [_randn(2, 4)]),
-    "expand_bools": (Fn(lambda x: (x > 0).view(2, 1, 4).expand(2, 3, 4)), [_randn(2, 4)]),
-    "time_shift_crop_pad": (torch.nn.ZeroPad2d((0, 0, 1, -1)), [_randn(1, 5, 4)]),          # RWKV
-    "crop_both_ends": (Fn(lambda x: torch.nn.functional.pad(x, (-1, 2, -2, 0), value=3.0)), [_randn(2, 5, 4)]),
-    "einsum_of_permuted_views": (Fn(_ngram_einsum), [_randn(2, 8, 16), _randn(2, 8, 16, seed=1)]),
-    "lt_5d_same_shape": (Fn(lambda x, y: x < y), [_randn(1, 2, 3, 2, 2), _randn(1, 2, 3, 2, 2, seed=1)]),
+                            [randn(1, 2, 3, 8)]),
+    "int_and_or_of_flags": (Fn(lambda x: (CONTEXT | (x > 0)) & (x < 1)), [randn(2, 4)]),   # CPM-Ant's mask
+    "cat_bools": (Fn(lambda x: torch.cat((torch.ones(2, 1, dtype=torch.bool), x > 0), dim=1)), [randn(2, 4)]),
+    "slice_bools": (Fn(lambda x: (x > 0)[:, 1:3] & (x < 1)[:, ::2]), [randn(2, 4)]),
+    "expand_bools": (Fn(lambda x: (x > 0).view(2, 1, 4).expand(2, 3, 4)), [randn(2, 4)]),
+    "time_shift_crop_pad": (torch.nn.ZeroPad2d((0, 0, 1, -1)), [randn(1, 5, 4)]),          # RWKV
+    "crop_both_ends": (Fn(lambda x: torch.nn.functional.pad(x, (-1, 2, -2, 0), value=3.0)), [randn(2, 5, 4)]),
+    "einsum_of_permuted_views": (Fn(_ngram_einsum), [randn(2, 8, 16), randn(2, 8, 16, seed=1)]),
+    "lt_5d_same_shape": (Fn(lambda x, y: x < y), [randn(1, 2, 3, 2, 2), randn(1, 2, 3, 2, 2, seed=1)]),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onert_eager import Fn, assert_onert_matches_eager
+from onert_eager import Fn, assert_onert_matches_eager, randn
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 X2 = torch.randn(3, 7, generator=torch.Generator().manual_seed(1))
@@ -33,22 +33,19 @@ def test_negative_runtime_indices(dtype):
 
 
 def test_index_with_one_tensor_gathers():
-    w = _randn(4, 6, 5, seed=2)
+    w = randn(4, 6, 5, seed=2)
     idx = torch.tensor([3, 0, 0, 2, 1], dtype=torch.int64)
     cm = _check(Fn(lambda i: w[i] * 2), idx)
     assert cm.op_histogram()["GATHER"] == 1
-    _check(Fn(lambda x, i: x[:, i]), _randn(3, 6), torch.tensor([5, 1, 1], dtype=torch.int64))
+    _check(Fn(lambda x, i: x[:, i]), randn(3, 6), torch.tensor([5, 1, 1], dtype=torch.int64))
 
 
 def test_index_with_two_tensors_is_one_flat_gather():
     """Two index tensors: one GATHER on the flattened tensor (passes/flat_index.py), no GATHER_ND."""
     rows, cols = torch.tensor([0, 1]), torch.tensor([1, 2])
-    _check(Fn(lambda x: x[rows.clone(), cols.clone()] + x[0, 0]), _randn(3, 4))
+    _check(Fn(lambda x: x[rows.clone(), cols.clone()] + x[0, 0]), randn(3, 4))
 
 
 def _check(module, *inputs):
     return assert_onert_matches_eager(module, inputs, rtol=1e-6, atol=1e-6)
 
-
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))

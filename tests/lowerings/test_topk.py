@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import circle_fx
-from onert_eager import Fn, assert_onert_matches_eager
+from onert_eager import Fn, assert_onert_matches_eager, randn
 
 INF = float("inf")
 
@@ -19,31 +19,28 @@ def _check(module, *inputs, atol=1e-6):
     return assert_onert_matches_eager(module, inputs, rtol=1e-6, atol=atol)
 
 
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
 
 @pytest.mark.parametrize("k,largest", [(1, True), (2, True), (3, True), (2, False)])
 def test_topk_values_and_indices(k, largest):
-    cm = _check(Fn(lambda x: torch.topk(x, k, dim=-1, largest=largest)), _randn(8, 5))
+    cm = _check(Fn(lambda x: torch.topk(x, k, dim=-1, largest=largest)), randn(8, 5))
     assert "TOPK_V2" not in cm.op_histogram()  # not implemented by onert 0.1.0
 
 
 def test_topk_router_pattern():
     """GPT-OSS's router: softmax over the top-k logits, indices used to pick experts."""
-    w = _randn(4, 6, 3, seed=1)
+    w = randn(4, 6, 3, seed=1)
 
     def router(x):
         v, i = torch.topk(x, 2, dim=-1)
         return torch.softmax(v, dim=1), w[i.reshape(-1)]
-    _check(Fn(router), _randn(8, 4))
+    _check(Fn(router), randn(8, 4))
 
 
 @pytest.mark.parametrize("largest", [True, False])
 def test_rank5_topk_matches_eager(largest):
     """topk's REDUCE_MAX goes through the reduction fold (reduce_into), as max_dim's does:
     a 5-D REDUCE_MAX fails onert's prepare ("ShapeValidator failed at line 304")."""
-    cm = assert_onert_matches_eager(Fn(lambda x: torch.topk(x, 2, -1, largest=largest)), (_randn(1, 2, 3, 4, 5),),
+    cm = assert_onert_matches_eager(Fn(lambda x: torch.topk(x, 2, -1, largest=largest)), (randn(1, 2, 3, 4, 5),),
                                     rtol=0, atol=0)
     assert cm.op_histogram()["REDUCE_MAX"] == 2
 
@@ -53,7 +50,7 @@ def test_topk_rows_with_fewer_finite_values_than_k_give_distinct_indices():
     indices are k distinct positions holding them (torch orders tied -inf positions as it
     likes, so the tied indices themselves are not compared). Before: [0.5, -inf] gave [0, 0]."""
     mask = torch.tensor([[False, True, False, True], [True, True, True, False], [True, True, True, True]])
-    x = _randn(3, 4).masked_fill(mask, -INF)
+    x = randn(3, 4).masked_fill(mask, -INF)
     cm = circle_fx.export(Fn(lambda x: torch.topk(x, 3, dim=-1)), (x,))
     values, indices = cm.run(x)
     expected = torch.topk(x, 3, dim=-1).values.numpy()
@@ -66,7 +63,7 @@ def test_topk_rows_with_fewer_finite_values_than_k_give_distinct_indices():
 def test_topk_indices_need_no_wrap():
     """Positions from topk are never negative: no extra ops for the MoE router case."""
     model = Fn(lambda x: x[:, torch.topk(x[0], 2).indices] * 1)
-    cm = assert_onert_matches_eager(model, (_randn(3, 7, seed=1),), rtol=1e-6, atol=1e-6)
+    cm = assert_onert_matches_eager(model, (randn(3, 7, seed=1),), rtol=1e-6, atol=1e-6)
     assert "LESS" not in cm.op_histogram()
 
 
@@ -87,9 +84,9 @@ def test_max_min_dim_on_4d(fn):
 @pytest.mark.parametrize("op", [torch.max, torch.min])
 @pytest.mark.parametrize("keepdim", [True, False])
 def test_max_min_dim(op, keepdim):
-    _check(Fn(lambda x: tuple(op(x, dim=-1, keepdim=keepdim))), _randn(2, 3, 7))
+    _check(Fn(lambda x: tuple(op(x, dim=-1, keepdim=keepdim))), randn(2, 3, 7))
 
 
 def test_max_dim_values_only_emits_no_argmax():
-    cm = _check(Fn(lambda x: x - x.max(dim=-1, keepdim=True).values), _randn(2, 3, 7))
+    cm = _check(Fn(lambda x: x - x.max(dim=-1, keepdim=True).values), randn(2, 3, 7))
     assert "ARG_MAX" not in cm.op_histogram()

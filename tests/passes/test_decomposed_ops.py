@@ -18,19 +18,16 @@ import circle_fx
 from circle_fx.emit.registry import lowering_for
 from circle_fx.errors import UnsupportedOpError
 
-from onert_eager import Fn, assert_onert_matches_eager
+from onert_eager import Fn, assert_onert_matches_eager, randn
 
 aten = torch.ops.aten
 
 
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
-
-W = _randn(4, 4, 3, seed=3)          # conv1d weight [C_out, C_in, K]
-DW = _randn(8, 1, 3, seed=4)         # depthwise conv1d weight [C, 1, K]
-GW = _randn(12, 2, 2, seed=6)        # grouped conv1d weight [C_out, C_in / groups, K] (6 groups)
-FREQS = torch.polar(torch.ones(6, 4), _randn(6, 4, seed=5))   # complex rotary table [S, D/2]
+W = randn(4, 4, 3, seed=3)          # conv1d weight [C_out, C_in, K]
+DW = randn(8, 1, 3, seed=4)         # depthwise conv1d weight [C, 1, K]
+GW = randn(12, 2, 2, seed=6)        # grouped conv1d weight [C_out, C_in / groups, K] (6 groups)
+FREQS = torch.polar(torch.ones(6, 4), randn(6, 4, seed=5))   # complex rotary table [S, D/2]
 
 
 def _interleaved_rope(x):
@@ -68,7 +65,7 @@ def _router_scatter(x):
 
 def _distinct_index(shape, dim, k, seed=7):
     """A constant index, distinct along ``dim`` (a scatter source needs no duplicates)."""
-    return _randn(*shape, seed=seed).argsort(dim=dim).narrow(dim, 0, k).contiguous()
+    return randn(*shape, seed=seed).argsort(dim=dim).narrow(dim, 0, k).contiguous()
 
 
 IDX_DIM1 = _distinct_index((2, 5, 4, 3), 1, 2)   # gathers from [2, 5, 6, 3]: smaller outside dim 1 too
@@ -123,7 +120,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_op_decomposes_and_matches_eager(name):
     fn, shapes = CASES[name]
-    inputs = [_randn(*s, seed=i) for i, s in enumerate(shapes)]
+    inputs = [randn(*s, seed=i) for i, s in enumerate(shapes)]
     assert_onert_matches_eager(Fn(fn), inputs, rtol=1e-5, atol=1e-5)
 
 
@@ -139,13 +136,13 @@ def test_op_without_a_lowering_or_decomposition_names_the_original_op():
     """An op with no lowering and no decomposition that lowers (sort) is reported as itself,
     not as a piece of some decomposition."""
     with pytest.raises(UnsupportedOpError, match="sort") as e:
-        circle_fx.export(Fn(lambda x: torch.sort(x, dim=-1).values * 2), (_randn(3, 4),))
+        circle_fx.export(Fn(lambda x: torch.sort(x, dim=-1).values * 2), (randn(3, 4),))
     assert [op for op, _, _ in e.value.ops] == ["aten.sort.default"]
 
 
 def test_layer_norm_export_is_one_pass_of_ops_with_no_gelu_or_norm_op():
     """Sanity of the mechanism on a composite: layer_norm lowers through var_mean's
     decomposition to elementwise ops and two reductions."""
-    cm = circle_fx.export(Fn(lambda x: F.layer_norm(x, (8,))), (_randn(2, 8),))
+    cm = circle_fx.export(Fn(lambda x: F.layer_norm(x, (8,))), (randn(2, 8),))
     hist = cm.op_histogram()
     assert hist["MEAN"] + hist["SUM"] + hist["RMS_NORM"] >= 1 and math.isfinite(sum(hist.values()))
