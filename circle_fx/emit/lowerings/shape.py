@@ -106,11 +106,8 @@ def _expand_dynamic(ctx, node):
     src_sig, out_sig = ctx.dims(x), ctx.dims(node)
     t = ctx.tensor(x)
     if len(src_sig) < len(out_sig):  # leading new dims: make ranks equal first
-        pad = len(out_sig) - len(src_sig)
-        sig = [1] * pad + src_sig
-        r = ctx.new_tensor(sig, ctx.dtype(node), "rank", [1] * pad + ctx.shape_hint(x))
-        ctx.op(BO.RESHAPE, [t, ctx.shape_operand(sig)], [r])
-        t, src_sig = r, sig
+        sig = padded(src_sig, len(out_sig))
+        t, src_sig = ctx.reshaped(t, sig, padded(ctx.shape_hint(x), len(out_sig)), "rank"), sig
     multiples = []
     for d, (a, b) in enumerate(zip(src_sig, out_sig)):
         if a == b:
