@@ -96,7 +96,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     progress = progress or NullProgress()
     t1 = time.perf_counter()
     pipeline = default_pipeline() if passes is None else list(passes)
-    from .quant.qdq import bracket, has_qdq
+    from .quant.qdq import NOTES_KEY as QDQ_NOTES, bracket, has_qdq
 
     pipeline = bracket(program, pipeline, quant_target)
     quantize = resolve_quantize(quantize)
@@ -115,7 +115,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     # after the passes: a float16 constant folded into a float32 op (a widened norm weight) is fine
     check_precision(program)
     report.fusions = program.fusions()
-    report.notes = list(program.notes.get("implementations", []))
+    report.notes = [*program.notes.get("implementations", []), *program.notes.get(QDQ_NOTES, [])]
     report.quantization = program.notes.get("quantization")
     t2 = time.perf_counter()
     builder = emit(program, progress=progress, clamp_indices=clamp_indices)

@@ -333,7 +333,7 @@ _SQUARE_LIKE = {aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.mul.Tensor,
 HOPS = 6
 
 
-def _reduces_a_square(n: fx.Node) -> bool:
+def reduces_a_square(n: fx.Node) -> bool:
     v = strip_casts(n.args[0]) if n.args else None
     return n.target in _REDUCTIONS and isinstance(v, fx.Node) and v.op == "call_function" and v.target in _SQUARE_LIKE
 
@@ -343,7 +343,7 @@ def _unweighted_fused(n: fx.Node) -> bool:
 
 
 CANDIDATES = (
-    Candidate(_reduces_a_square, hops=HOPS),
+    Candidate(reduces_a_square, hops=HOPS),
     Candidate(lambda n: n.target is aten.rsqrt.default, hops=HOPS, skip_near_reported=True),
     # fused, but a following weight multiplication was refused by a check
     Candidate(_unweighted_fused, kind="rms_norm weight", hops=2, require_check=True),

@@ -34,7 +34,9 @@ measures them on SmolLM2-135M; the default is the best one there.
 Which subgraphs are RMSNorms is decided by circle_fx's own RMSNorm fusion, run on a copy of
 the graph (:func:`rms_norm_units`): the quantizer treats as a unit exactly what the float
 exporter would fuse, so a near miss gets ordinary per-op annotations (and then does not
-fuse), and a genuine RMSNorm in any spelling gets one unit.
+fuse), and a genuine RMSNorm in any spelling gets one unit. Its weight is whatever constant
+expression the interior reads (Gemma's ``1 + w``, a float16 weight), observed as the
+gamma, so on the npu target every spelling becomes one integer RMS_NORM.
 
 Ops whose inputs are all constants are not annotated (constant folding removes them).
 """
@@ -219,6 +221,7 @@ def rms_norm_units(model: fx.GraphModule) -> list[RmsUnit]:
     graph.output(out)
     originals = {c: o for o, c in copies.items()}
     originals[graph.output_node()] = model.graph.output_node()
+    constant = _constant_nodes(model.graph)
     program = Program(fx.GraphModule(model, graph), [], [])
     for p in (DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(),
               FusePatterns(get_family("rms_norm").rules)):
@@ -228,17 +231,26 @@ def rms_norm_units(model: fx.GraphModule) -> list[RmsUnit]:
         if r.target is not rms_norm:
             continue
         x = originals.get(_through(r.args[0], originals))
-        w = originals.get(_through(r.args[1], originals)) if r.args[1] is not None else None
         root = _original_root(r, originals)
         if x is None or root is None:
             continue
         interior = _between(x, root)
         if interior is None:
             continue
-        if w is not None and not any(w in n.args for n in interior):
-            w = None
+        w = _weight(x, interior, constant) if r.args[1] is not None else None
         units.append(RmsUnit(x, w, root, interior))
     return units
+
+
+def _weight(x: fx.Node, interior: tuple, constant: set) -> fx.Node | None:
+    """The node the unit reads its weight from: the one constant float operand of an
+    interior node with the normalised dim's size. Not necessarily a parameter: Gemma's
+    ``1 + w`` or a float16 weight's widening, which constant folding turned into the fused
+    node's weight."""
+    d = x.meta["val"].shape[-1]
+    found = {a for n in interior for a in n.all_input_nodes
+             if a is not x and a not in interior and a in constant and _is_float(a) and a.meta["val"].numel() == d}
+    return found.pop() if len(found) == 1 else None
 
 
 def _through(v, originals):

@@ -22,8 +22,10 @@ unchanged:
 
 Targets: ``"onert"`` fuses FULLY_CONNECTED, ADD and MUL on uint8 (what onert 0.1.0 runs
 correctly); RMS_NORM stays a float island (onert has no integer RMS_NORM). ``"npu"`` also
-fuses RMS_NORM into one quantized op (uint8 or int8 input, gamma and output), for NPU
-compilers; no public runtime runs that file.
+fuses RMS_NORM into one quantized op (uint8 or int8 input, gamma and output; an unweighted
+norm gets a gamma of ones), for NPU compilers; no public runtime runs that file. Every
+RMSNorm the npu target leaves float (and every mean of squares that did not fuse into one)
+is noted, with why, in ``program.notes[NOTES_KEY]``, which ``summary()`` prints.
 """
 from __future__ import annotations
 
@@ -32,9 +34,10 @@ import torch.fx as fx
 
 from ..circle.schema import QuantParams
 from ..errors import InputError
-from ..fx_utils import fake_mode_of, make_node
+from ..fx_utils import CAST_OPS, fake_mode_of, make_node
+from ..source import source_line
 from ..meta import DEQUANTIZED_FROM, QUANT_META
-from ..fusions.rms_norm import rms_norm
+from ..fusions.rms_norm import reduces_a_square, rms_norm
 from ..program import add_constant, fetch_attr
 from ..passes.base import Pass
 from . import qops
@@ -195,6 +198,7 @@ class QDQLower(_TargetPass):
         g = program.gm.graph
         kinds = self.kinds()
         changed = False
+        self._refused: dict = {}  # rms_norm node -> why it stays float (npu target)
         for q in list(g.nodes):
             if not is_q(q) or getattr(q, "_erased", False):
                 continue
@@ -207,6 +211,8 @@ class QDQLower(_TargetPass):
                 g.erase_node(q)
                 g.erase_node(op)
                 changed = True
+        if self.target == "npu":
+            report_float_norms(program, self._refused)
         for n in g.nodes:
             if is_q(n):
                 s, zp, _ = _params(n)
@@ -239,11 +245,14 @@ class QDQLower(_TargetPass):
             operands, extra = [table], []
         elif op.target is rms_norm:
             x, w, eps = args
-            if w is None:
+            xq = self._operand(program, x, out_dt, constant_ok=False)
+            # unweighted: a gamma of ones, exact in any integer type (q = 1, scale 1)
+            wq = self._operand(program, w, out_dt, activation_ok=False) if w is not None else \
+                self._ones(program, op, out_dt)
+            if xq is None or wq is None:
+                self._refused[op] = _rms_refusal(x, w, out_dt, xq, wq)
                 return None
-            operands = [self._operand(program, x, out_dt, constant_ok=False),
-                        self._operand(program, w, out_dt, activation_ok=False)]
-            extra = [float(eps)]
+            operands, extra = [xq, wq], [float(eps)]
         else:
             if (len(args) > 2 and args[2] != 1) or op.kwargs.get("alpha", 1) != 1:
                 return None
@@ -261,6 +270,13 @@ class QDQLower(_TargetPass):
     def _dtype_ok(self, dt) -> bool:
         return dt == torch.uint8 or (self.target == "npu" and dt == torch.int8)
 
+    @staticmethod
+    def _ones(program, op, dtype):
+        """``(constant of ones [D], scale 1, zero point 0)`` in ``dtype``: the gamma of an
+        unweighted RMSNorm."""
+        d = op.args[0].meta["val"].shape[-1]
+        return _int_constant(program, op, torch.ones(int(d), dtype=dtype), 1.0, 0, "rms_ones_q"), 1.0, 0
+
     def _operand(self, program, v, dtype, constant_ok=True, activation_ok=True):
         """``(integer tensor node, scale, zero point)`` for a dequantized operand, or None."""
         if not isinstance(v, fx.Node):
@@ -268,6 +284,9 @@ class QDQLower(_TargetPass):
         if is_dq(v) and activation_ok:
             s, zp, dt = _params(v)
             return (v.args[0], s, zp) if dt == dtype else None
+        if (constant_ok and v.op == "call_function" and v.target in CAST_OPS and isinstance(v.args[0], fx.Node)
+                and v.args[0].op == "get_attr" and v.meta["val"].dtype.is_floating_point):
+            v = v.args[0]  # a widening the fusion added after constant folding (a float16 gamma): same integers
         tag = v.meta.get(DEQUANTIZED_FROM)
         if v.op == "get_attr" and constant_ok and tag is not None:
             qp, dt = tag
@@ -277,13 +296,70 @@ class QDQLower(_TargetPass):
             real = fetch_attr(program.gm, v.target)
             # exact: real = (q - zp) * s in float32, |q - zp| <= 255
             ints = qops.quantize(real, s, zp, dtype)
-            name = add_constant(program.gm, ints, f"{v.target}_q")
-            with v.graph.inserting_before(v):
-                c = v.graph.get_attr(name)
-            c.meta.update({k: val for k, val in v.meta.items() if k != DEQUANTIZED_FROM})
-            mode = fake_mode_of(v.graph)
-            # static: a constant's shape must not become symbolic in the ops built on it
-            c.meta["val"] = mode.from_tensor(ints, static_shapes=True) if mode is not None else ints
-            c.meta[QUANT_META] = QuantParams((s,), (zp,))
-            return c, s, zp
+            return _int_constant(program, v, ints, s, zp, f"{v.target}_q"), s, zp
         return None
+
+
+def _int_constant(program, before: fx.Node, ints: torch.Tensor, s: float, zp: int, name: str) -> fx.Node:
+    """A ``get_attr`` of the integer tensor ``ints`` (quantized with ``s``, ``zp``) before
+    ``before``; when ``before`` is the float constant it replaces, with that one's meta."""
+    name = add_constant(program.gm, ints, name)
+    g = before.graph
+    with g.inserting_before(before):
+        c = g.get_attr(name)
+    if before.op == "get_attr":
+        c.meta.update({k: val for k, val in before.meta.items() if k != DEQUANTIZED_FROM})
+    mode = fake_mode_of(g)
+    # static: a constant's shape must not become symbolic in the ops built on it
+    c.meta["val"] = mode.from_tensor(ints, static_shapes=True) if mode is not None else ints
+    c.meta[QUANT_META] = QuantParams((s,), (zp,))
+    return c
+
+
+# ------------------------------------------------------- norms the npu target leaves float
+
+#: ``program.notes`` key: what the export report says about the static quantization
+NOTES_KEY = "static_quantization"
+
+
+def _rms_refusal(x, w, dtype, xq, wq) -> str:
+    if xq is None:
+        if is_dq(x):
+            return f"its input is {_params(x)[2]} but its output {dtype}"
+        return "its input is not quantized"
+    if w is not None and w.op == "get_attr":
+        tag = w.meta.get(DEQUANTIZED_FROM)
+        if tag is None:
+            return "its gamma was not quantized (the quantizer saw no weight of this norm)"
+        qp, dt = tag
+        if qp.per_channel:
+            return "its gamma is quantized per channel (RMS_NORM takes one scale)"
+        return f"its gamma is {dt} but its output {dtype}"
+    return "its gamma is computed at run time, not a constant"
+
+
+def report_float_norms(program, refused: dict) -> None:
+    """Note in ``program.notes`` every RMSNorm the ``npu`` target leaves float (with why), and
+    every mean of squares that did not fuse into one, so ``summary()`` says where the file is
+    not what an NPU with an integer RMS_NORM wants."""
+    groups: dict[str, list[str]] = {}
+    for n in program.gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is rms_norm:
+            why = refused.get(n)
+            if why is None:
+                out = list(n.users)
+                why = ("its result is not quantized (CircleQuantizer quantizes RMSNorm units only with "
+                       "quantize_elementwise=True)" if not (len(out) == 1 and is_q(out[0]))
+                       else "its result's quantization has no integer kernel on the npu target")
+            head = f"RMSNorm(s) stay float32 between DEQUANTIZE and QUANTIZE (no integer RMS_NORM): {why}"
+        elif reduces_a_square(n):
+            head = ("mean(s) of squares not fused into an RMSNorm (circle_fx.explain says why) stay float ops, "
+                    "no integer RMS_NORM")
+        else:
+            continue
+        groups.setdefault(head, []).append(source_line(n))
+    notes = program.notes.setdefault(NOTES_KEY, [])
+    for head, where in groups.items():
+        notes.append(f"quant_target='npu': {len(where)} {head}; at {', '.join(dict.fromkeys(where))}")
