@@ -20,6 +20,7 @@ from ...fx_utils import arguments
 from ..registry import lowering
 from .. import linear_form
 from ._common import BO, options
+from ._fc import fully_connected, rows_input
 from ._matmul import batch_matmul
 
 aten = torch.ops.aten
@@ -46,22 +47,7 @@ def linear(ctx, node):
     if form == linear_form.BATCH_MATMUL:
         _linear_batch_matmul(ctx, node, x, w, b)
         return
-    bias = ctx.tensor(b) if b is not None else -1
-    if len(out_dims) == 2:
-        fc_out = ctx.output(node)
-    else:
-        fc_out = ctx.new_tensor([rows_dim, out_dims[-1]], ctx.dtype(node), "fc", [rows, out_hint[-1]])
-    xt = ctx.tensor(x)
-    if ctx.rank(x) == 1:  # onert's FULLY_CONNECTED needs a 2-D (or more) input
-        dims2 = [1] + ctx.dims(x)
-        x2 = ctx.new_tensor(dims2, ctx.dtype(x), "in2d", [1] + ctx.shape_hint(x))
-        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand(dims2)], [x2])
-        xt = x2
-    ctx.op(BO.FULLY_CONNECTED, [xt, ctx.tensor(w), bias], [fc_out],
-           options("FullyConnectedOptions", keepNumDims=False))
-    if len(out_dims) != 2:
-        # FULLY_CONNECTED flattens leading dims; restore them (one dynamic dim becomes -1)
-        ctx.op(BO.RESHAPE, [fc_out, ctx.shape_operand(node)], [ctx.output(node)])
+    fully_connected(ctx, node, rows_input(ctx, x), ctx.tensor(w), ctx.tensor(b) if b is not None else -1)
 
 
 def _form(ctx, node, w, rows):

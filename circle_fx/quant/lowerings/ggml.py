@@ -14,15 +14,13 @@ path, which the quantize pass uses instead, handles it).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ...circle import ggml
 from ...circle.schema import BO, make_options as options
+from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.registry import lowering
 from ..ops import embedding_ggml, ggml_in_features, linear_ggml
-from ._fc import fully_connected
 
 
 def _weight(ctx, blocks, kind: str, what: str) -> int:
@@ -46,16 +44,11 @@ def lower_linear_ggml(ctx, node):
     if ctx.dtype(x) != torch.float32:
         raise ctx.error(f"a {kind} linear needs a float32 input, got {ctx.dtype(x)}")
     wt = _weight(ctx, blocks, kind, f"the {kind} weight")
-    out_dims = ctx.dims(node, static=True)
-    rows = math.prod(out_dims[:-1])
-    xt = ctx.tensor(x)
-    in_dims = ctx.dims(x, static=True)
-    if len(in_dims) != 2:  # FULLY_CONNECTED flattens leading dims itself; a 1-D input needs a row
-        x2 = ctx.new_tensor([rows, in_dims[-1]], torch.float32, "in2d")
-        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand([rows, in_dims[-1]])], [x2])
-        xt = x2
+    for v in (x, node):  # static shapes only (module docstring): raises on a dynamic dim
+        ctx.dims(v, static=True)
+    xt = rows_input(ctx, x, flatten=True)
     after = [] if bias is None else [(BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased")]
-    fully_connected(ctx, node, xt, wt, after, [rows, out_dims[-1]], name=f"fc_{kind}")
+    fully_connected(ctx, node, xt, wt, after=after, name=f"fc_{kind}", dtype=torch.float32)
 
 
 @lowering(embedding_ggml)

@@ -16,14 +16,13 @@ lowering only adds what no node holds: the int32 bias of FULLY_CONNECTED (scale
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.quantized_decomposed.*)
 
 from ...circle.schema import BO, QuantParams, default_options, make_options as options
+from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.registry import lowering
 from .. import qops
 
@@ -48,23 +47,15 @@ def dequantize(ctx, node):
 def q_linear(ctx, node):
     """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias; N-D input as for float linear."""
     x, xs, _, w, ws, _, b = node.args[:7]
-    out_dims = ctx.dims(node, static=True)
+    for v in (x, node):  # static shapes only: raises on a dynamic dim
+        ctx.dims(v, static=True)
     quant = ctx.quantization(node)
     bias = -1
     if b is not None:
         bias_scale = float(np.float32(xs)) * float(np.float32(ws))  # the scales the file holds
         bq = torch.round(ctx.constant(b).detach().float() / bias_scale).to(torch.int32)
         bias = ctx.const(bq.numpy(), "bias_q", quantization=QuantParams((bias_scale,), (0,)))
-    xt = ctx.tensor(x)
-    x_dims = ctx.dims(x, static=True)
-    if len(x_dims) != 2:
-        xt = ctx.reshaped(xt, [math.prod(x_dims[:-1]), x_dims[-1]], name="in2d")
-    rows = [math.prod(out_dims[:-1]), out_dims[-1]]
-    fc_out = ctx.output(node) if len(out_dims) == 2 else ctx.new_tensor(rows, ctx.dtype(node), "fc",
-                                                                        quantization=quant)
-    ctx.op(BO.FULLY_CONNECTED, [xt, ctx.tensor(w), bias], [fc_out], options("FullyConnectedOptions", keepNumDims=False))
-    if len(out_dims) != 2:
-        ctx.op(BO.RESHAPE, [fc_out, ctx.int_const(out_dims)], [ctx.output(node)])
+    fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=quant)
 
 
 @lowering(qops.q_add, qops.q_mul)

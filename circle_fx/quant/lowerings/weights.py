@@ -19,15 +19,13 @@ BATCH_MATMUL freely; a quantized weight has exactly one working kernel (hybrid F
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from ...circle.schema import BO, QuantParams, make_options as options
+from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.registry import lowering
 from ..ops import embedding_w8, linear_w8
-from ._fc import fully_connected
 
 _HYBRID = QuantParams(1.0, 0)
 
@@ -55,19 +53,11 @@ def lower_linear_w8(ctx, node):
         raise ctx.error(f"int8-weight linear needs a float32 input (onert's hybrid FULLY_CONNECTED), "
                         f"got {ctx.dtype(x)}")
     wt = _constant(ctx, w, (torch.int8,), _HYBRID, "the int8 weight")
-    out_dims, out_hint = ctx.dims(node), ctx.shape_hint(node)
+    out_dims = ctx.dims(node)
     if out_dims[:-1].count(-1) > 1:
         raise ctx.error(f"int8-weight linear with several dynamic leading dims {out_dims} is not supported "
                         "(FULLY_CONNECTED flattens them and RESHAPE can restore only one)")
-    rows = math.prod(out_hint[:-1])
-    flat = [-1 if -1 in out_dims[:-1] else rows, out_dims[-1]]
-    flat_hint = [rows, out_hint[-1]]
-    xt = ctx.tensor(x)
-    if ctx.rank(x) == 1:  # FULLY_CONNECTED needs a 2-D input
-        dims2 = [1] + ctx.dims(x)
-        x2 = ctx.new_tensor(dims2, torch.float32, "in2d", [1] + ctx.shape_hint(x))
-        ctx.op(BO.RESHAPE, [xt, ctx.shape_operand(dims2)], [x2])
-        xt = x2
+    xt = rows_input(ctx, x)
     if -1 in out_dims:
         # onert 0.1.0's hybrid FC sizes its scratch buffers at the first run: a later call with
         # more or fewer rows crashes (double free). A dynamic model dequantizes the weight to
@@ -78,7 +68,7 @@ def lower_linear_w8(ctx, node):
     after = [(BO.MUL, ctx.tensor(scale), options("MulOptions"), "scaled")]
     if bias is not None:
         after.append((BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased"))
-    fully_connected(ctx, node, xt, wt, after, flat, flat_hint, "fc_int8")
+    fully_connected(ctx, node, xt, wt, after=after, name="fc_int8", dtype=torch.float32)
 
 
 @lowering(embedding_w8)

@@ -1,0 +1,47 @@
+"""The one way a linear becomes FULLY_CONNECTED, shared by the float linear lowering and the
+quantized ones (``quant/lowerings``: PT2E uint8, int8 weights, GGML blocks).
+
+onert's FULLY_CONNECTED takes an input of rank >= 2 (it flattens the leading dims into rows)
+and writes ``[rows, out]``: :func:`rows_input` gives a 1-D input its row (or, ``flatten``,
+flattens every input to ``[rows, in]``, for the quantized kernels, whose flattening was not
+measured); :func:`fully_connected` runs the FC and the lowering's follow-up operators (MUL by
+row scales, ADD bias) on ``[rows, out]``, the last writing the node's output, RESHAPEd back to
+its leading dims when it has more than two (one dynamic dim becomes -1). The lowerings differ
+only in what they choose: the weight's encoding, the bias operand and the operators after.
+"""
+from __future__ import annotations
+
+import math
+
+from ._common import BO, options
+
+
+def rows_input(ctx, x, flatten: bool = False) -> int:
+    """Input node ``x``'s tensor as FULLY_CONNECTED takes it: ``[1, in]`` for a 1-D input,
+    ``[rows, in]`` for any rank but 2 when ``flatten`` (static dims), else as it is."""
+    xt, dims, hint = ctx.tensor(x), ctx.dims(x), ctx.shape_hint(x)
+    if len(dims) == 1 or (flatten and len(dims) != 2):
+        rows = math.prod(dims[:-1]) if flatten else 1
+        return ctx.reshaped(xt, [rows, dims[-1]], [math.prod(hint[:-1]) if flatten else 1, hint[-1]], "in2d")
+    return xt
+
+
+def fully_connected(ctx, node, xt: int, wt: int, bias: int = -1, after=(), name: str = "fc",
+                    dtype=None, quantization=None) -> None:
+    """FC of input tensor ``xt`` by weight ``wt`` (``bias``: its bias operand, -1 none), then
+    ``after``: ``(code, operand, options, name)`` applied in turn as ``code(previous, operand)``.
+    Intermediates are ``[rows, out]`` of ``dtype`` (default: the node's) and ``quantization``."""
+    out_dims, out_hint = ctx.dims(node), ctx.shape_hint(node)
+    rows = math.prod(out_hint[:-1])
+    # a dynamic dim anywhere before the last makes the row count dynamic
+    flat, flat_hint = [-1 if -1 in out_dims[:-1] else rows, out_dims[-1]], [rows, out_hint[-1]]
+    last = len(out_dims) == 2
+    steps = [(BO.FULLY_CONNECTED, None, options("FullyConnectedOptions", keepNumDims=False), name), *after]
+    cur = xt
+    for k, (code, operand, opts, step_name) in enumerate(steps):
+        out = ctx.output(node) if last and k == len(steps) - 1 else \
+            ctx.new_tensor(flat, dtype or ctx.dtype(node), step_name, flat_hint, quantization)
+        ctx.op(code, [cur, wt, bias] if k == 0 else [cur, operand], [out], opts)
+        cur = out
+    if not last:
+        ctx.op(BO.RESHAPE, [cur, ctx.shape_operand(node)], [ctx.output(node)])
