@@ -8,7 +8,7 @@ operator list (docs/onert-findings.md, "Ranks above 4"):
   failed at line 304"): neighbouring dims that are all reduced or all kept are multiplied into
   one (size-1 dims drop); they alternate, so up to four runs fit, and with more a TRANSPOSE
   moves the kept runs in front of the reduced ones (``[kept, reduced]``);
-- a 4-D reduction with ``keepDims=False`` fails onert's shape validator for most axes
+- a 4-D reduction to rank 2 or 3 (``keepDims=False``) fails at prepare for most axes
   (``limits.REDUCE_DROPS_DIMS``): it reduces with ``keepDims=True`` and RESHAPEs after;
 - a STRIDED_SLICE of an input above rank ``limits.STRIDED_SLICE`` fails at prepare ("line
   969"): dims taken whole are merged into runs, each sliced dim stays its own dim.
@@ -23,7 +23,7 @@ import numpy as np
 
 from ...circle import dims, limits
 from ...circle.schema import make_options as options
-from ..builder import BO, ModelBuilder, OperatorInfo
+from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
 
 def fold_reduce(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
@@ -35,9 +35,9 @@ def fold_reduce(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None
     if not xd or not mb.tensors[axes_t].buffer:
         return None
     axes = sorted({int(a) % len(xd) for a in np.ravel(mb.values(axes_t))})
-    if len(xd) == limits.REDUCE_DROPS_DIMS and not keep and len(axes) < len(xd):
-        return _keeping_dims(mb, op, x, axes_t, axes, out_t)
-    if len(xd) <= limits.REDUCE:
+    if len(xd) <= limits.REDUCE:  # within rank: only a 4-D one that drops dims may need a fix
+        if not keep and limits.rank_problem(op_name(op.code), [xd], mb.dims(out_t)):
+            return _keeping_dims(mb, op, x, axes_t, axes, out_t)
         return None
     groups = dims.runs([d in axes for d in range(len(xd))], skip=lambda d: xd[d] == 1)
     if not any(red for red, _ in groups):  # only size-1 dims are reduced
