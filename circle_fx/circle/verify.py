@@ -462,8 +462,10 @@ def _element_types(c: _Checker, op: OperatorView) -> str | None:
 
 def _dequantize(c: _Checker, op: OperatorView):
     src, out = c.cf.tensors[op.inputs[0]], c.cf.tensors[op.outputs[0]]
-    if src.type not in (TT.UINT8, TT.INT8) or src.quantization is None:
-        return f"input {src.name!r} is {src.type_name} without usable quantization; onert dequantizes uint8/int8"
+    # INT16: the int16-activation (npu target) files; onert 0.1.0 itself runs no int16 kernel
+    if src.type not in (TT.UINT8, TT.INT8, TT.INT16) or src.quantization is None:
+        return (f"input {src.name!r} is {src.type_name} without usable quantization; DEQUANTIZE takes "
+                "uint8/int8 (and int16)")
     if out.type != TT.FLOAT32:
         return f"output type {out.type_name} is not FLOAT32"
     return _same_as_input(c, op)

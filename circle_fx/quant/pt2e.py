@@ -107,6 +107,26 @@ class RmsUnit:
     interior: tuple[fx.Node, ...]
 
 
+def int16_spec(observer=MinMaxObserver) -> QuantizationSpec:
+    """int16, symmetric (zero point 0), per tensor: the activations of NPU toolchains' LLM
+    schemes (a residual stream spanning ~25,000 keeps a step below 1)."""
+    return QuantizationSpec(dtype=torch.int16, quant_min=-32768, quant_max=32767, qscheme=torch.per_tensor_symmetric,
+                            observer_or_fake_quant_ctr=observer.with_args(eps=2 ** -20))
+
+
+def int8_weight_spec(per_channel: bool = False) -> QuantizationSpec:
+    """int8 weights, symmetric in [-127, 127] (zero point 0), per tensor or per output row."""
+    if per_channel:
+        return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_channel_symmetric,
+                                ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2 ** -12))
+    return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric,
+                            observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2 ** -12))
+
+
+#: ``activation_dtype`` values of :class:`CircleQuantizer`
+ACTIVATION_DTYPES = ("uint8", "int16")
+
+
 def uint8_per_channel_spec() -> QuantizationSpec:
     """uint8 weights, asymmetric, one scale and zero point per output row (axis 0)."""
     return QuantizationSpec(dtype=torch.uint8, quant_min=0, quant_max=255, qscheme=torch.per_channel_affine,
@@ -131,19 +151,35 @@ class CircleQuantizer(Quantizer):
       alone accounts for most of the loss. ``skip=()`` quantizes every linear.
     - ``activation`` / ``weight``: explicit :class:`QuantizationSpec` overrides (the onert
       target needs uint8 per tensor for integer kernels; anything else is a float island).
+    - ``activation_dtype``: ``"uint8"`` (above) or ``"int16"``, the NPU scheme for LLMs:
+      int16 symmetric activations, int8 symmetric weights (and embedding table), and by
+      default ``quantize_elementwise=True`` and ``skip=()`` (residual adds, RMSNorms and
+      every linear integer: int16 has the range). Only for ``quant_target="npu"``: onert
+      0.1.0 runs no int16 kernel; the file is checked against a numpy reference of its
+      integer ops (``circle_fx.circle.reference``).
     """
 
     def __init__(self, activation: QuantizationSpec | None = None, weight: QuantizationSpec | None = None, *,
-                 activation_observer: str = "minmax", quantize_elementwise: bool = False,
-                 per_channel_weights: bool = False, skip: tuple[str, ...] = None):
+                 activation_observer: str = "minmax", quantize_elementwise: bool | None = None,
+                 per_channel_weights: bool = False, skip: tuple[str, ...] = None, activation_dtype: str = "uint8"):
         super().__init__()
-        self.skip = tuple(DEFAULT_SKIP if skip is None else ((skip,) if isinstance(skip, str) else skip))
+        if activation_dtype not in ACTIVATION_DTYPES:
+            raise InputError(f"CircleQuantizer(activation_dtype={activation_dtype!r}): expected one of "
+                             f"{', '.join(map(repr, ACTIVATION_DTYPES))}")
+        int16 = activation_dtype == "int16"
+        if skip is None:
+            skip = () if int16 else DEFAULT_SKIP
+        self.skip = tuple((skip,) if isinstance(skip, str) else skip)
         if activation_observer not in OBSERVERS:
             raise InputError(f"CircleQuantizer(activation_observer={activation_observer!r}): expected one of "
                              f"{', '.join(map(repr, OBSERVERS))}")
-        self.activation = activation or uint8_spec(OBSERVERS[activation_observer])
-        self.weight = weight or (uint8_per_channel_spec() if per_channel_weights else uint8_spec())
-        self.quantize_elementwise = quantize_elementwise
+        observer = OBSERVERS[activation_observer]
+        self.activation = activation or (int16_spec(observer) if int16 else uint8_spec(observer))
+        if weight is None:
+            weight = int8_weight_spec(per_channel_weights) if int16 else (
+                uint8_per_channel_spec() if per_channel_weights else uint8_spec())
+        self.weight = weight
+        self.quantize_elementwise = int16 if quantize_elementwise is None else quantize_elementwise
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
         constant = _constant_nodes(model.graph)
@@ -179,7 +215,9 @@ class CircleQuantizer(Quantizer):
 
     def _table_spec(self) -> QuantizationSpec:
         """An embedding table is per tensor (its rows come out sharing its one scale)."""
-        return self.weight if self.weight.qscheme == torch.per_tensor_affine else uint8_spec()
+        if self.weight.qscheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            return self.weight
+        return int8_weight_spec() if self.weight.dtype == torch.int8 else uint8_spec()
 
     def validate(self, model: fx.GraphModule) -> None:
         pass

@@ -126,6 +126,10 @@ class QDQPrepare(_TargetPass):
         g = program.gm.graph
         changed = False
         if self.target == "onert":
+            wide = next((n for n in g.nodes if is_q(n) and n.args[5] == torch.int16), None)
+            if wide is not None:
+                raise InputError(f"quant_target='onert': the model has int16 activations ({source_line(wide)}); "
+                                 "onert 0.1.0 runs no int16 kernel: export them with quant_target='npu'")
             changed |= self._int8_to_uint8(g)
         for n in list(g.nodes):
             if is_q(n) and is_dq(n.args[0]) and n.args[1:] == n.args[0].args[1:]:
@@ -268,7 +272,13 @@ class QDQLower(_TargetPass):
         return new
 
     def _dtype_ok(self, dt) -> bool:
-        return dt == torch.uint8 or (self.target == "npu" and dt == torch.int8)
+        return dt == torch.uint8 or (self.target == "npu" and dt in (torch.int8, torch.int16))
+
+    @staticmethod
+    def _matches(dt, dtype, weight: bool) -> bool:
+        """Is an operand of type ``dt`` right for an op computing in ``dtype``? A weight
+        (linear weight, gamma, table) of int16 activations is int8 (the 16x8 scheme)."""
+        return dt == dtype or (weight and dtype == torch.int16 and dt == torch.int8)
 
     @staticmethod
     def _ones(program, op, dtype):
@@ -290,12 +300,12 @@ class QDQLower(_TargetPass):
         tag = v.meta.get(DEQUANTIZED_FROM)
         if v.op == "get_attr" and constant_ok and tag is not None:
             qp, dt = tag
-            if qp.per_channel or dt != dtype:
+            if qp.per_channel or not self._matches(dt, dtype, weight=not activation_ok):
                 return None
             s, zp = qp.scale[0], qp.zero_point[0]
             real = fetch_attr(program.gm, v.target)
             # exact: real = (q - zp) * s in float32, |q - zp| <= 255
-            ints = qops.quantize(real, s, zp, dtype)
+            ints = qops.quantize(real, s, zp, dt)
             return _int_constant(program, v, ints, s, zp, f"{v.target}_q"), s, zp
         return None
 

@@ -45,7 +45,8 @@ def dequantize(ctx, node):
 
 @lowering(qops.q_linear)
 def q_linear(ctx, node):
-    """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias; N-D input as for float linear."""
+    """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias (int16 x int8 -> int16: int64
+    bias, as TFLite's 16x8 kernels); N-D input as for float linear."""
     x, xs, _, w, ws, _, b = node.args[:7]
     for v in (x, node):  # static shapes only: raises on a dynamic dim
         ctx.dims(v, static=True)
@@ -53,7 +54,8 @@ def q_linear(ctx, node):
     bias = -1
     if b is not None:
         bias_scale = float(np.float32(xs)) * float(np.float32(ws))  # the scales the file holds
-        bq = torch.round(ctx.constant(b).detach().float() / bias_scale).to(torch.int32)
+        bias_dtype = torch.int64 if ctx.dtype(x) == torch.int16 else torch.int32
+        bq = torch.round(ctx.constant(b).detach().double() / bias_scale).to(bias_dtype)
         bias = ctx.const(bq.numpy(), "bias_q", quantization=QuantParams((bias_scale,), (0,)))
     fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=quant)
 

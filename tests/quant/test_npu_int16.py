@@ -1,0 +1,114 @@
+"""int16 activations for NPUs (``CircleQuantizer(activation_dtype="int16")``, ``quant_target="npu"``).
+
+onert 0.1.0 runs no int16 kernel, so these files are checked against the numpy reference of
+the file (:mod:`circle_fx.circle.reference`: every operator from the file's own integers,
+parameters and options). The reference itself is checked against onert where onert runs the
+file: a float model (equal within 1e-6) and the uint8 ``onert``-target model (within the
+steps test_pt2e_llama.py states for onert vs fake-quant).
+
+The int16 file: FULLY_CONNECTED int16 x int8 -> int16 with an int64 bias, RMS_NORM int16
+with an int8 gamma, ADD/MUL int16, every int16 tensor symmetric (zero point 0); verify
+accepts it; the reference reproduces the fake-quantized torch model within 1 step of the
+output scale (measured: 0 or 1).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+from circle_fx.circle import reference
+from circle_fx.errors import InputError
+from circle_fx.quant import CircleQuantizer
+from pt2e_util import LinearNormModel, ops_named, output_scale, quantize_pt2e, read
+
+
+def _calibration(shape, n=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(*shape, generator=g) * 2,) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def int16_model():
+    torch.manual_seed(0)
+    model, x = LinearNormModel(), torch.randn(2, 4, 16) * 2
+    c = quantize_pt2e(model, (x,), _calibration(x.shape) + [(x,)], CircleQuantizer(activation_dtype="int16"))
+    return c, x, circle_fx.export(c, (x,), quant_target="npu")
+
+
+def test_int16_file_structure(int16_model):
+    _, _, cm = int16_model
+    circle_fx.verify(cm.to_bytes())
+    cf = read(cm)
+    types = lambda op, idx: [cf.tensors[i].type_name for i in idx]  # noqa: E731
+    fcs = ops_named(cf, "FULLY_CONNECTED")
+    assert len(fcs) == 2
+    for fc in fcs:
+        assert types(fc, [*fc.inputs, *fc.outputs]) == ["INT16", "INT8", "INT64", "INT16"]
+    (norm,) = ops_named(cf, "RMS_NORM")
+    assert types(norm, [*norm.inputs, *norm.outputs]) == ["INT16", "INT8", "INT16"]
+    (add,) = ops_named(cf, "ADD")
+    assert types(add, [*add.inputs, *add.outputs]) == ["INT16"] * 3
+    for t in cf.tensors:
+        if t.type_name in ("INT16", "INT8"):
+            assert t.quantization is not None and set(t.quantization.zero_point) == {0}, t
+    assert not [n for n in cm.report.notes if "npu" in n], cm.report.notes
+
+
+def test_int16_reference_matches_fake_quant(int16_model):
+    c, x, cm = int16_model
+    (got,) = reference.run(cm.to_bytes(), [x.numpy()])
+    steps = np.abs(got - c(x).detach().numpy()).max() / output_scale(read(cm))
+    assert steps <= 1.0 + 1e-3, steps
+
+
+def test_onert_target_refuses_int16(int16_model):
+    c, x, _ = int16_model
+    with pytest.raises(InputError, match="int16 activations.*quant_target='npu'"):
+        circle_fx.export(c, (x,), quant_target="onert")
+
+
+def test_activation_dtype_is_checked():
+    with pytest.raises(InputError, match="activation_dtype='int8'"):
+        CircleQuantizer(activation_dtype="int8")
+
+
+def test_reference_names_an_operator_it_cannot_evaluate():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    cm = circle_fx.export(model, (torch.randn(2, 4),))
+    with pytest.raises(InputError, match="operator 1 GELU has no numpy rule"):
+        reference.run(cm.to_bytes(), [np.zeros((2, 4), np.float32)])
+
+
+# ------------------------------------------------------------- on the tiny Llama (slow)
+
+def _logits(out):
+    return (out.logits if hasattr(out, "logits") else out[0]).detach().numpy()
+
+
+@pytest.mark.slow
+def test_tiny_llama_reference_against_onert_and_int16(tiny_llama):
+    """The reference equals onert on the float file and the uint8 onert-target file, and the
+    int16 npu file's reference equals its fake-quant model (~15 s)."""
+    model, (ids,) = tiny_llama
+    cm = circle_fx.export(model, (ids,))
+    (want,), (got,) = cm.run(ids), reference.run(cm.to_bytes(), [ids.numpy()])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randint(0, model.config.vocab_size, ids.shape, generator=g),) for _ in range(4)]
+    c = quantize_pt2e(model, (ids,), calib)
+    cm = circle_fx.export(c, (ids,), quant_target="onert")
+    (want,), (got,) = cm.run(ids), reference.run(cm.to_bytes(), [ids.numpy()])
+    scale = output_scale(read(cm))
+    assert np.abs(got - want).max() / scale <= 4.0  # onert's float islands (test_pt2e_llama.MAX_STEPS)
+    assert np.abs(got - _logits(c(ids))).max() / scale <= 1.0 + 1e-3
+
+    c = quantize_pt2e(model, (ids,), calib, CircleQuantizer(activation_dtype="int16"))
+    cm = circle_fx.export(c, (ids,), quant_target="npu")
+    cf = read(cm)
+    assert {cf.tensors[i].type_name for op in ops_named(cf, "RMS_NORM") for i in op.inputs} == {"INT16", "INT8"}
+    (got,) = reference.run(cm.to_bytes(), [ids.numpy()])
+    steps = np.abs(got - _logits(c(ids))).max() / output_scale(cf)
+    assert steps <= 2.0, steps
