@@ -13,8 +13,8 @@ BATCH_MATMUL = 4
 #: MEAN / SUM / REDUCE_MAX input (5-D: "ShapeValidator failed at line 304")
 REDUCE = 4
 #: a MEAN / SUM / REDUCE_MAX of this input rank to output rank 2 or 3 (keepDims=False) fails at
-#: prepare for every axes set but [3] and [1, 2] (a 3-axis one runs): it keeps the dims and
-#: RESHAPEs after (measured on every axes set: docs/onert-findings.md)
+#: prepare for every axes set but :data:`REDUCE_DROPS_DIMS_RUN` (a 3-axis one runs): it keeps the
+#: dims and RESHAPEs after (measured on every axes set: docs/onert-findings.md)
 REDUCE_DROPS_DIMS = 4
 #: BROADCAST_TO (rank 6: wrong values, no error; rank 7: the process crashes)
 BROADCAST_TO = 5
@@ -59,19 +59,25 @@ def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -
     return ELEMENTWISE
 
 
-_REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX"})
+REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX"})
 
 
-def rank_problem(name: str, input_dims: list[list], output_dims: list) -> str | None:
+#: the axes sets of a 4-D reduction to rank 2 or 3 that onert runs (measured)
+REDUCE_DROPS_DIMS_RUN = ((3,), (1, 2))
+
+
+def rank_problem(name: str, input_dims: list[list], output_dims: list, axes=None) -> str | None:
     """Why onert 0.1.0 would refuse, crash on, hang on or miscompute operator ``name`` with
-    operands of these dims (a message), or None when they are within its limits."""
+    operands of these dims (a message), or None when they are within its limits. ``axes``: a
+    reduction's axes when known (a constant), else its worst case is assumed."""
     if name == "RMS_NORM" and input_dims and len(input_dims[0]) not in RMS_NORM:
         return f"input rank {len(input_dims[0])}; onert's RMS_NORM takes rank {' or '.join(map(str, RMS_NORM))}"
     if name == "BATCH_MATMUL" and not all(2 <= len(d) <= BATCH_MATMUL for d in input_dims[:2]):
         return f"operand ranks {' and '.join(str(len(d)) for d in input_dims[:2])}; onert takes 2..{BATCH_MATMUL}"
-    if name in _REDUCTIONS and input_dims and len(input_dims[0]) > REDUCE:
+    if name in REDUCTIONS and input_dims and len(input_dims[0]) > REDUCE:
         return f"input rank {len(input_dims[0])}; onert's reductions take rank <= {REDUCE}"
-    if name in _REDUCTIONS and input_dims and len(input_dims[0]) == REDUCE_DROPS_DIMS and len(output_dims) in (2, 3):
+    if name in REDUCTIONS and input_dims and len(input_dims[0]) == REDUCE_DROPS_DIMS and len(output_dims) in (2, 3) \
+            and (axes is None or tuple(sorted(a % 4 for a in axes)) not in REDUCE_DROPS_DIMS_RUN):
         return (f"a {REDUCE_DROPS_DIMS}-D reduction to rank {len(output_dims)} (keepDims=False); onert fails at "
                 "prepare for most such axes: keep the dims and RESHAPE after")
     if name == "STRIDED_SLICE" and input_dims and len(input_dims[0]) > STRIDED_SLICE:

@@ -419,8 +419,9 @@ def _elementwise(c: _Checker, op: OperatorView):
 
 def _rank_limit(c: _Checker, op: OperatorView) -> str | None:
     """An operand rank beyond what onert runs correctly (``limits.rank_problem``)."""
+    axes = c.const_ints(op.inputs[1]) if op.name in limits.REDUCTIONS and len(op.inputs) > 1 else None
     return limits.rank_problem(op.name, [c.dims(i) if i >= 0 else [] for i in op.inputs],
-                               c.dims(op.outputs[0]) if op.outputs else [])
+                               c.dims(op.outputs[0]) if op.outputs else [], axes)
 
 
 _COMPARISONS = limits.COMPARISONS

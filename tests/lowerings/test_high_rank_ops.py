@@ -114,7 +114,7 @@ def _one_op(code, in_shapes, out_shape, consts=(), out_type=0):
 @pytest.mark.parametrize("code, ins, out, consts, words", [
     (BO.BATCH_MATMUL, [[1, 2, 2, 4, 5], [1, 2, 2, 5, 3]], [1, 2, 2, 4, 3], (), "operand ranks 5 and 5"),
     (BO.SUM, [[2, 2, 2, 2, 3]], [2, 2, 2, 2], ([4],), "reductions take rank <= 4"),
-    (BO.SUM, [[2, 3, 4, 5]], [2, 5], ([1, 2],), "4-D reduction to rank 2 (keepDims=False)"),
+    (BO.SUM, [[2, 3, 4, 5]], [3, 5], ([0, 2],), "4-D reduction to rank 2 (keepDims=False)"),
     (BO.BROADCAST_TO, [[2, 1, 2, 1, 2, 1]], [2, 3, 2, 3, 2, 3], ([2, 3, 2, 3, 2, 3],), "BROADCAST_TO is correct up to rank 5"),
     (BO.SELECT_V2, [[5, 4], [2, 1, 3, 5, 4], [2, 1, 3, 5, 4]], [2, 1, 3, 5, 4], (),
      "SELECT_V2 with broadcasting operands correctly up to rank 4"),
@@ -124,6 +124,11 @@ def test_verify_reports_ops_beyond_onert_ranks(code, ins, out, consts, words):
     with pytest.raises(circle_fx.VerifyError) as info:
         circle_fx.verify(data)
     assert any(words in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize("axes, out", [([3], [2, 3, 4]), ([1, 2], [2, 5]), ([0, 1, 3], [4])])
+def test_verify_accepts_the_four_d_reductions_onert_runs(axes, out):
+    circle_fx.verify(_one_op(BO.SUM, [[2, 3, 4, 5]], out, (axes,)))
 
 
 def test_verify_accepts_rank5_select_without_broadcasting():

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...circle.limits import ELEMENT_TYPES, data_inputs, rank_problem, unsupported_type
+from ...circle.limits import ELEMENT_TYPES, REDUCTIONS, data_inputs, rank_problem, unsupported_type
 from ...circle.schema import type_name
 from ...errors import LegalizeError
 from ..builder import ModelBuilder, op_name
@@ -75,8 +75,10 @@ def check(mb: ModelBuilder, step: str, ensured) -> None:
                 bad = unsupported_type(name, [type_name(mb.tensors[t].type) for t in data])
                 msg = f"input type {bad}: onert 0.1.0's {name} does not run it" if bad else None
         if msg is None and RANKS in ensured:
+            axes = mb.values(op.inputs[1]).ravel().tolist() \
+                if name in REDUCTIONS and len(op.inputs) > 1 and mb.tensors[op.inputs[1]].buffer else None
             msg = rank_problem(name, [mb.dims(t) if t >= 0 else [] for t in op.inputs],
-                               mb.dims(op.outputs[0]) if op.outputs else [])
+                               mb.dims(op.outputs[0]) if op.outputs else [], axes)
         if msg:
             problems.append(f"operator {k} {name}{op.where}: {msg}")
             ops.append((name, "", op.source or ""))

@@ -272,7 +272,7 @@ def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:
 FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm,
          BO.DEPTHWISE_CONV_2D: _split_depthwise, BO.BROADCAST_TO: _fold_broadcast_to,
          BO.BATCH_MATMUL: _fold_batch_matmul, BO.STRIDED_SLICE: axes.fold_strided_slice,
-         **{code: axes.fold_reduce for code in (BO.MEAN, BO.SUM, BO.REDUCE_MAX)}}
+         **{getattr(BO, name): axes.fold_reduce for name in limits.REDUCTIONS}}
 
 
 def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):
