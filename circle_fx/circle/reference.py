@@ -68,6 +68,29 @@ def _fully_connected(op, ins, opts, out_shape):
     return y.reshape(out_shape)
 
 
+def _conv_2d(op, ins, opts, out_shape):
+    """NHWC input, OHWI filter, one group: a sum over the kernel taps of strided slices times
+    the tap's [O, I] matrix (1x1 convolutions, circle_fx's fast linear form, are one matmul)."""
+    _no_activation(op, opts)
+    x, w = ins[0], ins[1]
+    if w.shape[3] != x.shape[3]:
+        raise InputError(f"reference: operator {op.index} CONV_2D with groups (filter {list(w.shape)})")
+    sh, sw, dh, dw = opts.StrideH(), opts.StrideW(), opts.DilationHFactor(), opts.DilationWFactor()
+    oh, ow = out_shape[1], out_shape[2]
+    if opts.Padding() == 0:  # SAME
+        ph = max((oh - 1) * sh + (w.shape[1] - 1) * dh + 1 - x.shape[1], 0)
+        pw = max((ow - 1) * sw + (w.shape[2] - 1) * dw + 1 - x.shape[2], 0)
+        x = np.pad(x, [(0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)])
+    y = np.zeros(out_shape, _F)
+    for kh in range(w.shape[1]):
+        for kw in range(w.shape[2]):
+            tap = x[:, kh * dh:kh * dh + (oh - 1) * sh + 1:sh, kw * dw:kw * dw + (ow - 1) * sw + 1:sw, :]
+            y += tap @ w[:, kh, kw, :].T
+    if len(ins) > 2 and ins[2] is not None:
+        y = y + ins[2]
+    return y
+
+
 def _rms_norm(op, ins, opts, out_shape):
     x, gamma = ins[0], ins[1]
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + _F(opts.Epsilon())) * gamma
@@ -141,7 +164,7 @@ OPS = {
     "RESHAPE": lambda op, ins, opts, out_shape: ins[0].reshape(out_shape),
     "TRANSPOSE": lambda op, ins, opts, out_shape: np.transpose(ins[0], [int(p) for p in ins[1]]),
     "CONCATENATION": lambda op, ins, opts, out_shape: np.concatenate(ins, axis=opts.Axis()),
-    "FULLY_CONNECTED": _fully_connected, "BATCH_MATMUL": _batch_matmul, "RMS_NORM": _rms_norm,
+    "FULLY_CONNECTED": _fully_connected, "CONV_2D": _conv_2d, "BATCH_MATMUL": _batch_matmul, "RMS_NORM": _rms_norm,
     "SOFTMAX": _softmax, "STRIDED_SLICE": _strided_slice, "SLICE": _slice, "SPLIT": _split, "GATHER": _gather, "MEAN": _mean, "SELECT_V2": _select,
 }
 

@@ -197,7 +197,7 @@ class CircleQuantizer(Quantizer):
             elif n.target is aten.embedding.default:
                 w = n.args[0]
                 if _is_float(w):  # the rows come out with the table's parameters: GATHER stays integer
-                    self._annotate(n, {w: self._table_spec()}, SharedQuantizationSpec((w, n)))
+                    self._annotate(n, {w: self._per_tensor_weight()}, SharedQuantizationSpec((w, n)))
             elif n.target in (aten.add.Tensor, aten.mul.Tensor) and len(n.args) >= 2 and self.quantize_elementwise:
                 a, b = n.args[0], n.args[1]
                 alpha = n.kwargs.get("alpha", 1)
@@ -213,8 +213,9 @@ class CircleQuantizer(Quantizer):
         paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v]
         return bool(paths) and any(fnmatch.fnmatchcase(paths[-1], pat) for pat in self.skip)
 
-    def _table_spec(self) -> QuantizationSpec:
-        """An embedding table is per tensor (its rows come out sharing its one scale)."""
+    def _per_tensor_weight(self) -> QuantizationSpec:
+        """The weight spec, per tensor: for an embedding table (its rows come out sharing its
+        one scale) and an RMSNorm gamma (RMS_NORM takes one scale; 1-D, no rows to scale)."""
         if self.weight.qscheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
             return self.weight
         return int8_weight_spec() if self.weight.dtype == torch.int8 else uint8_spec()
@@ -237,7 +238,7 @@ class CircleQuantizer(Quantizer):
                 else:  # one observer for every read of the input: one Q node after convert
                     inputs[unit.input] = SharedQuantizationSpec(first_edge)
             if unit.weight is not None and unit.weight in n.args:
-                inputs[unit.weight] = self.weight
+                inputs[unit.weight] = self._per_tensor_weight()
             self._annotate(n, inputs, self.activation if n is unit.output else None)
 
 

@@ -112,3 +112,27 @@ def test_tiny_llama_reference_against_onert_and_int16(tiny_llama):
     (got,) = reference.run(cm.to_bytes(), [ids.numpy()])
     steps = np.abs(got - _logits(c(ids))).max() / output_scale(cf)
     assert steps <= 2.0, steps
+
+
+def test_reference_conv_2d_matches_onert():
+    """CONV_2D (real convolutions, and circle_fx's fast form of a float linear over many rows)."""
+    conv = torch.nn.Conv2d(3, 5, 3, stride=2, padding=1)
+    x = torch.randn(1, 3, 9, 9)
+    cm = circle_fx.export(conv, (x,))
+    assert cm.op_histogram()["CONV_2D"] == 1
+    (want,), (got,) = cm.run(x), reference.run(cm.to_bytes(), [x.numpy()])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_per_channel_weights_keep_a_per_tensor_gamma(dtype):
+    """With ``per_channel_weights`` the RMSNorm gamma (1-D) still gets one scale (the
+    per-channel observer failed on it in calibration), and the norm stays integer."""
+    torch.manual_seed(0)
+    model, x = LinearNormModel(), torch.randn(2, 4, 16)
+    q = CircleQuantizer(activation_dtype=dtype, per_channel_weights=True, quantize_elementwise=True)
+    c = quantize_pt2e(model, (x,), _calibration(x.shape), q)
+    cf = read(circle_fx.export(c, (x,), quant_target="npu"))
+    (norm,) = ops_named(cf, "RMS_NORM")
+    gamma = cf.tensors[norm.inputs[1]]
+    assert gamma.type_name == ("UINT8" if dtype == "uint8" else "INT8") and len(gamma.quantization.scale) == 1
