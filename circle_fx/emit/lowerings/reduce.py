@@ -33,11 +33,8 @@ def reduce(ctx, node):
     rank = ctx.rank(x)
     if dims is None or len(dims) == 0:
         dims = list(range(rank))
-    _emit_reduce(ctx, node, _REDUCE[node.target], x, sorted(d % rank for d in dims), bool(keepdim))
-
-
-def _emit_reduce(ctx, node, code, x, axes, keepdim):
-    reduce_into(ctx, code, ctx.tensor(x), axes, keepdim, ctx.output(node))
+    reduce_into(ctx, _REDUCE[node.target], ctx.tensor(x), sorted(d % rank for d in dims), bool(keepdim),
+                ctx.output(node))
 
 
 def reduce_into(ctx, code, src, axes, keepdim, out):
@@ -51,7 +48,7 @@ def reduce_all(ctx, node):
     x = node.args[0]
     rank = ctx.rank(x)
     code = BO.MEAN if node.target is aten.mean.default else BO.SUM
-    _emit_reduce(ctx, node, code, x, list(range(rank)), False)
+    reduce_into(ctx, code, ctx.tensor(x), list(range(rank)), False, ctx.output(node))
 
 
 def _refused_softmax(info, node) -> str | None:
