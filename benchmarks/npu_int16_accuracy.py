@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 #: (label, CircleQuantizer keyword arguments)
 VARIANTS = [
-    ("int16 act. / int8 weights, all integer (default)", dict(activation_dtype="int16")),
-    ("int16, skip down_proj", dict(activation_dtype="int16", skip=("*mlp.down_proj",))),
+    ("int16 act. / int8 per-row weights, all integer (default)", dict(activation_dtype="int16")),
+    ("int16 act. / int8 per-tensor weights", dict(activation_dtype="int16", per_channel_weights=False)),
 ]
 
 

@@ -238,6 +238,9 @@ class QDQLower(_TargetPass):
                 return None  # a bias computed at run time has no place in FULLY_CONNECTED
             operands = [self._operand(program, x, out_dt, constant_ok=False),
                         self._operand(program, w, out_dt, activation_ok=False)]
+            if operands[1] is None and self.target == "npu":
+                operands[1] = self._per_channel(program, w, out_dt)
+                qop = qops.q_linear_pc if operands[1] is not None else qop
             extra = [b]
         elif op.target is aten.embedding.default:
             w, ids = args[:2]
@@ -286,6 +289,29 @@ class QDQLower(_TargetPass):
         unweighted RMSNorm."""
         d = op.args[0].meta["val"].shape[-1]
         return _int_constant(program, op, torch.ones(int(d), dtype=dtype), 1.0, 0, "rms_ones_q"), 1.0, 0
+
+    def _per_channel(self, program, v, dtype):
+        """``(integer weight, scales, zero points)`` (constants) of a linear weight quantized
+        per output row, for ``q_linear_pc``; None if it is not one."""
+        tag = v.meta.get(DEQUANTIZED_FROM) if isinstance(v, fx.Node) and v.op == "get_attr" else None
+        if tag is None or not tag[0].per_channel or tag[0].axis != 0 or not self._matches(tag[1], dtype, True):
+            return None
+        qp, dt = tag
+        real = fetch_attr(program.gm, v.target).float()
+        scales = torch.tensor(qp.scale, dtype=torch.float32)
+        zps = torch.tensor(qp.zero_point, dtype=torch.int32)
+        info = torch.iinfo(dt)
+        ints = torch.clamp(torch.round(real / scales[:, None]) + zps[:, None], info.min, info.max).to(dt)
+        w = _int_constant(program, v, ints, 1.0, 0, f"{v.target}_q")
+        w.meta[QUANT_META] = qp
+        consts = []
+        for t, name in ((scales, "w_scales"), (zps, "w_zps")):
+            with v.graph.inserting_before(v):
+                c = v.graph.get_attr(add_constant(program.gm, t, f"{v.target}_{name}"))
+            mode = fake_mode_of(v.graph)
+            c.meta["val"] = mode.from_tensor(t, static_shapes=True) if mode is not None else t
+            consts.append(c)
+        return (w, *consts)
 
     def _operand(self, program, v, dtype, constant_ok=True, activation_ok=True):
         """``(integer tensor node, scale, zero point)`` for a dequantized operand, or None."""

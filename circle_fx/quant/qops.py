@@ -21,6 +21,8 @@ from ..fusions.rms_norm import rms_norm_eager
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
 _lib.define("q_linear(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
             "float out_scale, int out_zp) -> Tensor")
+_lib.define("q_linear_pc(Tensor x, float x_scale, int x_zp, Tensor w, Tensor w_scales, Tensor w_zps, Tensor? bias, "
+            "float out_scale, int out_zp) -> Tensor")
 _lib.define("q_add(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
             "float out_scale, int out_zp) -> Tensor")
 _lib.define("q_mul(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
@@ -45,6 +47,17 @@ def quantize(y: torch.Tensor, scale: float, zp: int, dtype: torch.dtype) -> torc
 def _q_linear(x, x_scale, x_zp, w, w_scale, w_zp, bias, out_scale, out_zp):
     y = F.linear(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), bias)
     return quantize(y, out_scale, out_zp, x.dtype)
+
+
+def _q_linear_pc(x, x_scale, x_zp, w, w_scales, w_zps, bias, out_scale, out_zp):
+    """Per-channel weights (one scale and zero point per output row, ``npu`` target)."""
+    wf = (w.to(torch.float32) - w_zps.to(torch.float32)[:, None]) * w_scales.to(torch.float32)[:, None]
+    y = F.linear(dequantize(x, x_scale, x_zp), wf, bias)
+    return quantize(y, out_scale, out_zp, x.dtype)
+
+
+def _linear_pc_fake(x, x_scale, x_zp, w, w_scales, w_zps, bias: Optional[torch.Tensor], out_scale, out_zp):
+    return x.new_empty([*x.shape[:-1], w.shape[0]])
 
 
 def _q_binary(fn):
@@ -78,7 +91,8 @@ def _rms_fake(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
     return torch.empty_like(x)
 
 
-for _name, _eager, _fake in (("q_linear", _q_linear, _linear_fake), ("q_add", _q_binary(torch.add), _binary_fake),
+for _name, _eager, _fake in (("q_linear", _q_linear, _linear_fake), ("q_linear_pc", _q_linear_pc, _linear_pc_fake),
+                             ("q_add", _q_binary(torch.add), _binary_fake),
                              ("q_mul", _q_binary(torch.mul), _binary_fake),
                              ("q_rms_norm", _q_rms_norm, _rms_fake),
                              ("q_embedding", _q_embedding, _embedding_fake)):
@@ -86,6 +100,7 @@ for _name, _eager, _fake in (("q_linear", _q_linear, _linear_fake), ("q_add", _q
     torch.library.register_fake(f"circle::{_name}", _fake, lib=_lib)
 
 q_linear = torch.ops.circle.q_linear.default
+q_linear_pc = torch.ops.circle.q_linear_pc.default
 q_add = torch.ops.circle.q_add.default
 q_mul = torch.ops.circle.q_mul.default
 q_rms_norm = torch.ops.circle.q_rms_norm.default

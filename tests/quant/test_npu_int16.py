@@ -6,7 +6,8 @@ parameters and options). The reference itself is checked against onert where one
 file: a float model (equal within 1e-6) and the uint8 ``onert``-target model (within the
 steps test_pt2e_llama.py states for onert vs fake-quant).
 
-The int16 file: FULLY_CONNECTED int16 x int8 -> int16 with an int64 bias, RMS_NORM int16
+The int16 file: FULLY_CONNECTED int16 x int8 (per-row scales by default) -> int16 with an
+int64 bias, RMS_NORM int16
 with an int8 gamma, ADD/MUL int16, every int16 tensor symmetric (zero point 0); verify
 accepts it; the reference reproduces the fake-quantized torch model within 1 step of the
 output scale (measured: 0 or 1).
@@ -46,6 +47,12 @@ def test_int16_file_structure(int16_model):
     assert len(fcs) == 2
     for fc in fcs:
         assert types(fc, [*fc.inputs, *fc.outputs]) == ["INT16", "INT8", "INT64", "INT16"]
+        w, b = cf.tensors[fc.inputs[1]], cf.tensors[fc.inputs[2]]
+        rows = w.shape[0]  # per-row weight scales (the default), and so per-row bias scales
+        assert len(w.quantization.scale) == rows and len(b.quantization.scale) == rows
+        x_scale = cf.tensors[fc.inputs[0]].quantization.scale[0]
+        np.testing.assert_allclose(b.quantization.scale, np.float32(x_scale) * np.float32(w.quantization.scale),
+                                   rtol=1e-6)
     (norm,) = ops_named(cf, "RMS_NORM")
     assert types(norm, [*norm.inputs, *norm.outputs]) == ["INT16", "INT8", "INT16"]
     (add,) = ops_named(cf, "ADD")
@@ -132,7 +139,27 @@ def test_per_channel_weights_keep_a_per_tensor_gamma(dtype):
     model, x = LinearNormModel(), torch.randn(2, 4, 16)
     q = CircleQuantizer(activation_dtype=dtype, per_channel_weights=True, quantize_elementwise=True)
     c = quantize_pt2e(model, (x,), _calibration(x.shape), q)
-    cf = read(circle_fx.export(c, (x,), quant_target="npu"))
+    cm = circle_fx.export(c, (x,), quant_target="npu")
+    cf = read(cm)
     (norm,) = ops_named(cf, "RMS_NORM")
     gamma = cf.tensors[norm.inputs[1]]
     assert gamma.type_name == ("UINT8" if dtype == "uint8" else "INT8") and len(gamma.quantization.scale) == 1
+    # the linears are integer FULLY_CONNECTEDs with per-row weight scales (npu target)
+    for fc in ops_named(cf, "FULLY_CONNECTED"):
+        w = cf.tensors[fc.inputs[1]]
+        assert w.type_name == gamma.type_name and len(w.quantization.scale) == w.shape[0]
+    (got,) = reference.run(cm.to_bytes(), [x.numpy()])
+    assert np.abs(got - c(x).detach().numpy()).max() / output_scale(cf) <= 1.0 + 1e-3
+
+
+def test_int16_per_tensor_weights():
+    torch.manual_seed(0)
+    model, x = LinearNormModel(), torch.randn(2, 4, 16)
+    q = CircleQuantizer(activation_dtype="int16", per_channel_weights=False)
+    c = quantize_pt2e(model, (x,), _calibration(x.shape), q)
+    cm = circle_fx.export(c, (x,), quant_target="npu")
+    cf = read(cm)
+    for fc in ops_named(cf, "FULLY_CONNECTED"):
+        assert [len(cf.tensors[i].quantization.scale) for i in fc.inputs] == [1, 1, 1]
+    (got,) = reference.run(cm.to_bytes(), [x.numpy()])
+    assert np.abs(got - c(x).detach().numpy()).max() / output_scale(cf) <= 1.0 + 1e-3

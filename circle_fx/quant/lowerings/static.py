@@ -48,15 +48,29 @@ def q_linear(ctx, node):
     """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias (int16 x int8 -> int16: int64
     bias, as TFLite's 16x8 kernels); N-D input as for float linear."""
     x, xs, _, w, ws, _, b = node.args[:7]
+    _fc(ctx, node, x, xs, w, (ws,), b)
+
+
+@lowering(qops.q_linear_pc)
+def q_linear_pc(ctx, node):
+    """As ``q_linear`` with a weight quantized per output row (``npu`` target); the bias
+    gets one scale per row too (``s_x * s_w[i]``)."""
+    x, xs, _, w, w_scales, _, b = node.args[:7]
+    _fc(ctx, node, x, xs, w, tuple(ctx.constant(w_scales).tolist()), b)
+
+
+def _fc(ctx, node, x, xs, w, w_scales: tuple, b):
     for v in (x, node):  # static shapes only: raises on a dynamic dim
         ctx.dims(v, static=True)
     quant = ctx.quantization(node)
     bias = -1
     if b is not None:
-        bias_scale = float(np.float32(xs)) * float(np.float32(ws))  # the scales the file holds
+        # the scales the file holds
+        scales = np.float32(xs).astype(np.float64) * np.asarray(w_scales, np.float32).astype(np.float64)
         bias_dtype = torch.int64 if ctx.dtype(x) == torch.int16 else torch.int32
-        bq = torch.round(ctx.constant(b).detach().double() / bias_scale).to(bias_dtype)
-        bias = ctx.const(bq.numpy(), "bias_q", quantization=QuantParams((bias_scale,), (0,)))
+        bq = torch.round(ctx.constant(b).detach().double() / torch.from_numpy(scales)).to(bias_dtype)
+        qp = QuantParams(tuple(scales.tolist()), (0,) * len(scales), 0)
+        bias = ctx.const(bq.numpy(), "bias_q", quantization=qp)
     fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=quant)
 
 
