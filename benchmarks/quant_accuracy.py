@@ -49,11 +49,35 @@ class Mode:
     build: object = None
 
 
+def _mixed(name: str, embedding="uint8-rows", lm_head="q8_0", **overrides) -> Mode:
+    """A mixed GGML mode: Q4_0 linears, ``QuantConfig.overrides`` (pattern -> mode) on top."""
+    from circle_fx import QuantConfig
+
+    cfg = QuantConfig(weights="q4_0", embedding=embedding, lm_head=lm_head, overrides=tuple(overrides.items()))
+    return Mode(name, {"quantize": cfg}, {"quantize": cfg})
+
+
+DOWN, ATTN, V = "*.mlp.down_proj", "*.self_attn.*", "*.self_attn.v_proj"
+#: SmolLM2 has 30 layers: the first two and the last two
+ENDS = ("model.layers.[01].*", "model.layers.2[89].*")
+
 MODES = [
     Mode("float32"),
     Mode("int8-weights", {"quantize": "int8-weights"}, {"quantize": "int8-weights"}),
     Mode("q8_0", {"quantize": "q8_0"}, {"quantize": "q8_0"}),
     Mode("q4_0", {"quantize": "q4_0"}, {"quantize": "q4_0"}),
+    # mixes (``--modes`` picks rows): emb/head = the embedding table's and lm_head's encodings (4: Q4_0,
+    # 8: uint8 rows / Q8_0), then the linears set to Q8_0 by overrides
+    _mixed("q4_0+emb4+head8", embedding="q4_0"),
+    _mixed("q4_0+emb8+head4", lm_head="q4_0"),
+    _mixed("q4_0+emb8+head8"),
+    _mixed("q4_0+emb8+head8+down8", **{DOWN: "q8_0"}),
+    _mixed("q4_0+emb8+head8+attn8", **{ATTN: "q8_0"}),
+    _mixed("q4_0+emb8+head8+ends8", **{p: "q8_0" for p in ENDS}),
+    _mixed("q4_0+emb8+head8+down8+ends8", **{p: "q8_0" for p in ENDS}, **{DOWN: "q8_0"}),
+    _mixed("q4_0+emb8+head8+down8+v8", **{DOWN: "q8_0", V: "q8_0"}),
+    _mixed("q4_0+emb8+head8+down8+attn8", **{DOWN: "q8_0", ATTN: "q8_0"}),
+    _mixed("q4_0+emb4+head8+down8", embedding="q4_0", **{DOWN: "q8_0"}),
 ]
 
 
@@ -130,7 +154,10 @@ def main(argv=None) -> int:
             row = {"mode": name, "MB": cm.size / 1e6, "export s": time.perf_counter() - t0}
             if program is not None and mode.export_kwargs:
                 with torch.no_grad():
-                    row["ppl graph"] = checkpoint.perplexity(program.run(ids)[0], ids)
+                    graph_logits = program.run(ids)[0]
+                row["ppl graph"] = checkpoint.perplexity(graph_logits, ids)
+                row["top-1 graph"] = checkpoint.top1_agreement(graph_logits, ref)
+                del graph_logits
             try:
                 logits = cm.run(ids)[0]
                 row["ppl onert"] = checkpoint.perplexity(logits, ids)
@@ -152,7 +179,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print("  done:", row, flush=True)
 
-    cols = ["mode", "ppl onert", "ppl graph", "top-1", "MB", "decode ms", "greedy = float", "export s"]
+    cols = ["mode", "ppl onert", "ppl graph", "top-1", "top-1 graph", "MB", "decode ms", "greedy = float", "export s"]
     fp = next((r.get("ppl onert") for r in rows if r["mode"] == "float32"), None)
 
     def cell(r, c):
@@ -163,7 +190,7 @@ def main(argv=None) -> int:
             return f"{v:.3f} ({100 * (v / fp - 1):+.1f}%)"
         if c == "ppl graph" and fp:
             return f"{v:.3f} ({100 * (v / fp - 1):+.1f}%)"
-        if c == "top-1":
+        if c in ("top-1", "top-1 graph"):
             return f"{100 * v:.1f}%"
         return f"{v:.2f}" if isinstance(v, float) else str(v)
 

@@ -18,7 +18,7 @@ from typing import Sequence
 from .errors import CircleFxError, InputError
 from .factory import load_factory
 from .paths import check_output_path
-from .quant.config import PRESETS
+from .quant import options as quant_options
 
 
 def build_model(spec: str):
@@ -44,9 +44,10 @@ def cmd_export(args) -> int:
     if not args.output.endswith(".circle"):
         raise InputError(f"{args.output}: the output name must end in .circle (onert picks its loader by extension)")
     check_output_path(args.output)  # before building and converting the model
+    quantize = quant_options.quantize_from(args)  # bad options fail before the model is built
     model, inputs = build_model(args.model)
     cm = circle_fx.export(model, inputs, passes=[] if args.no_fuse else None,
-                          cast_to_float32=args.cast_to_float32, quantize=args.quantize)
+                          cast_to_float32=args.cast_to_float32, quantize=quantize)
     check = None
     if args.check:
         check = _compare_with_eager(cm, model, inputs)
@@ -60,6 +61,9 @@ def cmd_export(args) -> int:
         print(f"onert vs torch eager: max abs diff {check:.3g}")
     if args.summary:
         print(cm.summary())
+    else:  # the summary lists them too
+        for line in quant_options.override_report(cm):
+            print(line)
     return 0
 
 
@@ -116,11 +120,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="run no optimisation passes (only the mandatory folding and DCE)")
     e.add_argument("--cast-to-float32", action="store_true",
                    help="export a float16/bfloat16 model in float32 (onert 0.1.0 runs no FLOAT16 tensor)")
-    e.add_argument("--quantize", choices=list(PRESETS), default=None,
-                   help="int8-weights: linear weights int8, embedding tables uint8, one scale per row "
-                        "(activations stay float32; about 1%% error per layer in onert). q8_0 / q4_0: "
-                        "linear weights as GGML blocks of 32 (8.5 / 4.5 bits per weight; q4_0 also "
-                        "the embedding table). --check then needs a larger --atol")
+    quant_options.add_arguments(e)
     e.set_defaults(func=cmd_export)
 
     i = sub.add_parser("inspect", help="print a .circle file's operators, tensors and buffers")

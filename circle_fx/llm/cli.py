@@ -8,7 +8,7 @@ as for ``export`` (the example inputs are not needed: export_llm builds its own)
 from __future__ import annotations
 
 from ..errors import InputError
-from ..quant.config import PRESETS
+from ..quant import options as quant_options
 
 
 def _load(spec: str):
@@ -34,10 +34,11 @@ def _load(spec: str):
 def cmd_export_llm(args) -> int:
     from .export import export_llm
 
+    quantize = quant_options.quantize_from(args)  # bad options fail before the model loads
     model, tokenizer = _load(args.model)
     if args.tokenizer:
         tokenizer = args.tokenizer
-    pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=args.quantize,
+    pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=quantize,
                      tokenizer=tokenizer)
     checked = _check(pkg, model, args.check) if args.check else None
     pkg.save(args.output)
@@ -48,6 +49,8 @@ def cmd_export_llm(args) -> int:
           f"({pkg.decode.size:,} bytes), manifest.json, {text}; max_seq_len {m['max_seq_len']}, "
           f"prefill_len {m['prefill_len']}, {m['model']['num_layers']} layers, "
           f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}")
+    for line in quant_options.override_report(pkg.decode):
+        print(line)
     if checked:
         print(f"--check: onert and transformers generate the same {checked} greedy tokens "
               "(prompt through prefill, and through decode steps)")
@@ -148,8 +151,7 @@ def add_commands(sub) -> None:
     e.add_argument("--tokenizer", default=None, help="tokenizer.json or a directory with one (default: the "
                    "checkpoint's own)")
     e.add_argument("--no-rope", action="store_true", help="keep RoPE decomposed in the decode model")
-    e.add_argument("--quantize", choices=list(PRESETS), default=None,
-                   help="weight quantization of both models (as circle-fx export --quantize)")
+    quant_options.add_arguments(e, "weight quantization of both models (as circle-fx export). ")
     e.add_argument("--check", type=int, nargs="?", const=16, default=0, metavar="N",
                    help="before writing, generate N (default 16) greedy tokens in onert and in transformers "
                         "and fail unless they are the same")

@@ -29,6 +29,7 @@ import torch
 from .. import api
 from ..errors import CircleFxError, InputError, ModelError, UnsupportedDtypeError
 from ..passes import default_pipeline
+from ..meta import CONSTANT_NAMES
 from ..quant.config import resolve_quantize
 from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
@@ -107,6 +108,10 @@ def _rename_inputs(program, names: list[str]) -> None:
 def _capture(module, args, input_names, pipeline, quantize=None, limits=None):
     program = api.capture(module, args)
     _rename_inputs(program, input_names)
+    # the wrapper holds the model as ``.model``: name weights as the user's model does, so
+    # ``QuantConfig.skip``/``overrides`` patterns and messages read ``model.layers.0...``, not ``model.model...``
+    names = program.gm.meta.get(CONSTANT_NAMES, {})
+    names.update({k: v[len("model."):] for k, v in names.items() if v.startswith("model.")})
     program.notes["limits"] = limits  # stored in the file (circle_fx.limits metadata)
     return api.lower(program, passes=pipeline, quantize=quantize)
 
@@ -166,6 +171,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
+    manifest["weights"] = mf.weights_entry(quantize, decode, prefill)
     manifest["text"] = text
     return LLMPackage(manifest, decode=decode, prefill=prefill, assets=assets)
 

@@ -24,6 +24,12 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
                   "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
                                     "first_cache_row": "position", "count": 1,
                                     "rows": "0 -> position"}, ...]},
+      "weights": {"quantize": {"weights", "embedding", "lm_head", "overrides": [[PATTERN, MODE], ...]} | null,
+                  "prefill": {NAME: ENCODING, ...}, "decode": {NAME: ENCODING, ...},  # per quantized weight
+                  "bits_per_weight": {ENCODING: bits, ...},
+                  "ggml": bool,               # GGML_Q8_0 / GGML_Q4_0 tensors in the files
+                  "num_threads": 1 | null,    # what to set onert's NUM_THREADS to (null: onert's default)
+                  "num_threads_why": "..."},
       "text": {"tokenizer": "tokenizer.json" | null,        # HF `tokenizers` format
                "chat_template": "chat_template.jinja" | null, # jinja2, rendered as transformers does
                "special_tokens": {"bos_token": "...", "eos_token": "...", ...},  # template variables
@@ -34,6 +40,16 @@ Each part also has ``"limits"``: the ``circle_fx.limits`` metadata its file carr
 ``index_range`` of ``input_ids`` = the vocabulary, of ``position`` = ``0..max_seq_len-1``, of
 ``last_index`` = ``0..prefill_len-1``; ``max_seq_len``); a host must keep its inputs inside them
 (the files clamp ids into the table, which is still a wrong answer for a bad id).
+
+``weights``: how each model stores its weights. NAME is the weight's module name (members of a
+merged q/k/v or gate/up weight joined by ``+``), ENCODING one of ``q4_0``, ``q8_0`` (GGML blocks),
+``int8`` (per-row int8 + MUL by the row scales), ``uint8`` (embedding rows, zero point 128);
+a tied weight stored once per encoding reads ``q8_0+uint8``; a weight not listed is float32.
+``num_threads``: onert reads the ``NUM_THREADS`` environment variable when a session is created;
+a host should set it to this value before creating sessions for these files (measured on an
+AVX-512 host: onert's ggml kernels were 8-10x slower with ``NUM_THREADS`` unset or 2 than with 1
+when the second core was busy, and never faster with 2 when it was idle; float models keep onert's
+default, whose multithreaded CONV_2D speeds up prefill).
 
 ``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
 slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
@@ -92,6 +108,32 @@ def cache_writes(layers: list[int], rows: str, first_cache_row, count) -> list[d
     return [{"output": f"{kind}_{i}", "cache": f"{kind}_cache_{i}", "axis": 2, "first_cache_row": first_cache_row,
              "count": count, "rows": rows}
             for i in layers for kind in ("key", "value")]
+
+
+#: why a package with GGML weights asks for one onert thread (``weights.num_threads_why``)
+GGML_THREADS_WHY = ("onert's ggml kernels (GGML_Q8_0/Q4_0 FULLY_CONNECTED) were 8-10x slower with NUM_THREADS "
+                    "unset or 2 than with 1 on a 2-core host whose other core was busy, and no faster with 2 "
+                    "on an idle one (measured 2026-12-03; docs/onert-findings.md)")
+
+
+def weights_entry(quantize, decode, prefill) -> dict:
+    """The manifest's ``weights`` section from the two models' quantization records."""
+    from dataclasses import asdict
+
+    records = {part: cm.report.quantization for part, cm in (("prefill", prefill), ("decode", decode))}
+    out = {"quantize": None if quantize is None else
+           {k: ([list(o) for o in v] if k == "overrides" else v) for k, v in asdict(quantize).items() if k != "skip"}
+           | {"skip": list(quantize.skip)}}
+    bits, ggml = {}, False
+    for part, record in records.items():
+        out[part] = record.encodings() if record is not None else {}
+        if record is not None:
+            bits.update({k: round(v, 3) for k, v in record.bits_per_weight().items()})
+            ggml = ggml or any(k in ("q4_0", "q8_0") for k in record.sizes)
+    out.update(bits_per_weight=bits, ggml=ggml, num_threads=1 if ggml else None,
+               num_threads_why=GGML_THREADS_WHY if ggml else "float/int8 weights: onert's default threads "
+               "(its multithreaded CONV_2D speeds up prefill)")
+    return out
 
 
 def asset_files(manifest: dict) -> list[str]:

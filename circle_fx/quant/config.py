@@ -6,7 +6,7 @@ a wrong value is an :class:`~circle_fx.errors.InputError` listing the accepted o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InputError
 
@@ -108,3 +108,50 @@ def resolve_quantize(quantize) -> QuantConfig | None:
         return QuantConfig(**PRESETS[quantize])
     raise InputError(f"quantize={quantize!r}: expected one of {', '.join(map(repr, PRESETS))}, "
                      "a circle_fx.QuantConfig, or None")
+
+
+#: how the command line spells a float (unquantized) linear or embedding
+FLOAT = "float"
+
+
+def _mode(value: str, accepted, what: str):
+    if value == FLOAT:
+        return None
+    if value not in accepted:
+        raise InputError(f"{what}: mode {value!r}: expected one of {', '.join(map(repr, (*accepted, FLOAT)))}")
+    return value
+
+
+def parse_override(text: str) -> tuple[str, str | None]:
+    """``--override PATTERN=MODE`` -> ``(pattern, mode)``; MODE one of ``WEIGHT_MODES`` or ``float``.
+    The last ``=`` splits, so a pattern may not contain one (no parameter name does)."""
+    pattern, sep, mode = text.rpartition("=")
+    if not sep or not pattern.strip() or not mode.strip():
+        raise InputError(f"--override {text!r}: expected PATTERN=MODE, e.g. '*.mlp.down_proj=q8_0'")
+    return pattern.strip(), _mode(mode.strip(), WEIGHT_MODES, f"--override {text!r}")
+
+
+def from_options(quantize: str | None, overrides=(), embedding: str | None = None,
+                 lm_head: str | None = None) -> QuantConfig | str | None:
+    """The command lines' ``--quantize PRESET [--override PATTERN=MODE ...] [--embedding MODE]
+    [--lm-head MODE]``: the preset, changed by the other options (``float`` keeps that part float).
+    Without the other options the preset name is returned as is; they are an error without
+    ``--quantize`` (there is nothing to refine)."""
+    extra = [f for f, v in (("--override", overrides), ("--embedding", embedding), ("--lm-head", lm_head)) if v]
+    if quantize is None or quantize == "none":
+        if extra:
+            raise InputError(f"{', '.join(extra)} refine a --quantize preset; pass --quantize too")
+        return None
+    if not extra:
+        return quantize
+    if quantize not in PRESETS:
+        raise InputError(f"--quantize {quantize!r}: expected one of {', '.join(map(repr, PRESETS))}")
+    cfg = QuantConfig(**PRESETS[quantize])
+    changes = {}
+    if overrides:
+        changes["overrides"] = tuple(parse_override(o) for o in overrides)
+    if embedding:
+        changes["embedding"] = _mode(embedding, EMBEDDING_MODES, "--embedding")
+    if lm_head:
+        changes["lm_head"] = _mode(lm_head, (LM_HEAD_AUTO, *WEIGHT_MODES), "--lm-head")
+    return replace(cfg, **changes)

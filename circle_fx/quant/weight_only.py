@@ -30,6 +30,7 @@ it would mean keeping a float copy too — or when it is tied to a use the confi
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,8 +72,8 @@ class QuantizationRecord:
     sizes: dict = field(default_factory=dict)
     #: Q4_0 blocks' total squared error: [ggml's plain d = m/-8, the searched scale]
     q4_err: list = field(default_factory=lambda: [0.0, 0.0])
-    #: the ``QuantConfig.overrides`` patterns that matched a weight
-    overridden: set = field(default_factory=set)
+    #: ``QuantConfig.overrides`` pattern -> the weights it decided (first match wins), in graph order
+    overridden: dict = field(default_factory=dict)
 
     def add(self, name, linears, embeddings, shape, encoding, nbytes) -> None:
         kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
@@ -85,6 +86,21 @@ class QuantizationRecord:
         """Stored bits per quantized weight, per encoding (scales included)."""
         return {k: 8 * b / n for k, (b, n) in self.sizes.items() if n}
 
+    def encodings(self) -> dict[str, str]:
+        """Weight name (``.weight`` dropped; a merged weight's members joined by ``+``) -> its stored
+        encoding (``q4_0``, ``q8_0``, ``int8``, ``uint8``); a tied weight stored once per encoding
+        reads ``"q8_0+uint8"``. For the LLM package manifest."""
+        out: dict[str, str] = {}
+        for name, _, _, dtype in self.quantized:
+            key = display_name(name)
+            out[key] = f"{out[key]}+{dtype}" if key in out else dtype
+        return out
+
+    def override_lines(self) -> list[str]:
+        """One line per ``QuantConfig.overrides`` pattern: its mode and the linears it set."""
+        return [f"override {p!r} -> {m or 'float'}: {len(self.overridden.get(p, ()))} linear(s): "
+                f"{compact_names(self.overridden.get(p, ()))}" for p, m in self.config.overrides]
+
     def lines(self) -> list[str]:
         uses: dict[str, int] = {}
         for _, kind, _, dtype in self.quantized:
@@ -95,6 +111,7 @@ class QuantizationRecord:
         if plain > 0:
             out.append(f"q4_0 scale search: squared error {100 * (1 - chosen / plain):.1f}% lower than ggml's "
                        f"max/-8 scale")
+        out += [f"  {line}" for line in self.override_lines()]
         out += [f"  fallback: {name}: {why}" for name, why in self.fallbacks]
         out += [f"  note: {n}" for n in self.notes]
         out += [f"  kept float: {name}: {why}" for name, why in self.skipped]
@@ -220,7 +237,7 @@ class QuantizeWeights(Pass):
         lin = (cfg.lm_head_mode if lm_head else cfg.weights) if linears else None
         hit = next(((p, m) for p, m in cfg.overrides if _matches(p, name)), None) if linears else None
         if hit:
-            record.overridden.add(hit[0])
+            record.overridden.setdefault(hit[0], []).append(name)
             lin = hit[1]
         emb = cfg.embedding if embeddings else None
         cols = w.shape[1]
@@ -304,6 +321,37 @@ def _dynamic(node) -> bool:
     """True when a linear's input has a symbolic (dynamic) dim."""
     v = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
     return v is not None and any(not isinstance(d, int) for d in v.shape)
+
+
+def display_name(name: str) -> str:
+    """``model.layers.0.mlp.down_proj.weight`` -> ``model.layers.0.mlp.down_proj``; members of a
+    merged weight (``a.weight+b.weight``) likewise, joined by ``+``."""
+    return "+".join(p[:-len(".weight")] if p.endswith(".weight") else p for p in name.split("+"))
+
+
+def compact_names(names) -> str:
+    """Weight names with the layer index folded: ``model.layers.{0-29}.mlp.down_proj`` instead of
+    30 names (a name whose dotted numbers differ, or has none, is listed as is)."""
+    groups: dict[str, list[int]] = {}
+    for name in map(display_name, names):
+        nums = set(re.findall(r"\.(\d+)\.", name))
+        if len(nums) != 1:
+            groups.setdefault(name, [])
+            continue
+        n = nums.pop()
+        groups.setdefault(name.replace(f".{n}.", ".{}."), []).append(int(n))
+    out = []
+    for key, idx in groups.items():
+        if not idx:
+            out.append(key)
+            continue
+        runs, start = [], idx[0]
+        for a, b in zip(idx, idx[1:] + [None]):
+            if b != a + 1:
+                runs.append(str(start) if start == a else f"{start}-{a}")
+                start = b
+        out.append(key.replace("{}", runs[0] if len(idx) == 1 else "{" + ",".join(runs) + "}"))
+    return ", ".join(out) or "(none)"
 
 
 def _matches(pattern: str, name: str) -> bool:

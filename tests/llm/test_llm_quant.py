@@ -49,3 +49,30 @@ def test_quantized_decode_follows_the_float_model(quantized):
 def test_bad_quantize_value_fails_before_capture():
     with pytest.raises(InputError, match="int4"):
         circle_fx.export_llm(tiny("llama"), max_seq_len=16, quantize="int4")
+
+
+def test_cli_overrides_and_manifest_weight_formats(tmp_path, capsys):
+    """``export-llm --quantize q4_0 --override ...``: the manifest records each weight's encoding under
+    the model's own names (not the export wrapper's), the config, and NUM_THREADS=1 for the GGML
+    kernels; the command prints the linears each override matched."""
+    import json
+    import os
+
+    from circle_fx.cli import main
+
+    factory = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llm_models.py")
+    out = str(tmp_path / "pkg")
+    assert main(["export-llm", f"{factory}:tiny_llama_factory", "-o", out, "--max-seq-len", "16", "--prefill-len",
+                 "4", "--quantize", "q4_0", "--embedding", "uint8-rows", "--lm-head", "q8_0",
+                 "--override", "model.layers.0.*=q8_0"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("override "))
+    assert line.startswith("override 'model.layers.0.*' -> q8_0: 4 linear(s): ") and "model.layers.0.mlp.down_proj" in line
+    w = json.load(open(os.path.join(out, "manifest.json")))["weights"]
+    assert w["quantize"]["overrides"] == [["model.layers.0.*", "q8_0"]] and w["quantize"]["lm_head"] == "q8_0"
+    for part in ("prefill", "decode"):
+        enc = w[part]
+        assert enc["model.layers.0.mlp.down_proj"] == "q8_0" and enc["model.layers.1.mlp.down_proj"] == "q4_0"
+        assert enc["lm_head"] == "q8_0" and enc["model.embed_tokens"] == "uint8", enc
+    assert w["ggml"] is True and w["num_threads"] == 1 and w["bits_per_weight"]["q4_0"] == 4.5
+    pkg = circle_fx.export_llm(tiny("llama"), max_seq_len=16, prefill_len=4)
+    assert pkg.manifest["weights"]["quantize"] is None and pkg.manifest["weights"]["num_threads"] is None

@@ -8,6 +8,8 @@ a clear ``RuntimeFailure`` (not kill the process); where they run, onert must ma
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -151,11 +153,43 @@ def test_overrides_set_the_mode_of_matching_linears():
                      "GGML_Q4_0", "GGML_Q4_0", "GGML_Q4_0", "GGML_Q8_0", "GGML_Q4_0"], kinds
     with torch.no_grad():
         assert _rel(program.run(ids)[0].numpy(), model(ids).logits.numpy()) < 0.25
+    text = cm.summary()  # which linears each override decided, layer indices folded
+    assert "override '*.mlp.down_proj' -> q8_0: 2 linear(s): model.layers.{0-1}.mlp.down_proj" in text, text
+    assert ("override 'model.layers.0.self_attn.v_proj' -> q8_0: 1 linear(s): model.layers.0.self_attn.q_proj"
+            "+model.layers.0.self_attn.k_proj+model.layers.0.self_attn.v_proj") in text, text
     with pytest.raises(InputError, match=r"overrides=.*\['\*.mlp.dwn_proj'\] match no linear weight"):
         circle_fx.export(torch.nn.Linear(32, 4), (torch.randn(1, 32),), verbose=False,
                          quantize=QuantConfig(weights="q4_0", overrides={"*.mlp.dwn_proj": "q8_0"}))
     with pytest.raises(InputError, match="overrides=.*modes one of"):
         QuantConfig(weights="q4_0", overrides={"*.mlp.down_proj": "q5_0"})
+
+
+def test_cli_override_options(tmp_path, capsys):
+    """``--quantize q4_0 --override PATTERN=MODE --embedding/--lm-head MODE``: the file follows them and
+    the command prints the linears each override matched; a typo'd pattern or a bad spelling is a
+    one-line error naming it, and nothing is written."""
+    from circle_fx.cli import main
+
+    out = str(tmp_path / "m.circle")
+    assert main(["export", "circle_fx.demo:tiny_llama", "-o", out, "--quantize", "q4_0", "--embedding", "uint8-rows",
+                 "--lm-head", "q8_0", "--override", "*.mlp.down_proj=q8_0", "--override", "*.o_proj=float"]) == 0
+    text = capsys.readouterr().out
+    assert "override '*.mlp.down_proj' -> q8_0: 2 linear(s): model.layers.{0-1}.mlp.down_proj" in text, text
+    assert "override '*.o_proj' -> float: 2 linear(s): model.layers.{0-1}.self_attn.o_proj" in text, text
+    cf = read_circle(out)
+    kinds = [cf.tensors[op.inputs[1]].type_name for op in cf.operators if op.name == "FULLY_CONNECTED"]
+    assert kinds == ["GGML_Q4_0", "FLOAT32", "GGML_Q4_0", "GGML_Q8_0"] * 2 + ["GGML_Q8_0"], kinds
+    assert any(t.type_name == "UINT8" for t in cf.tensors)
+    for argv, message in [(["--override", "*.mlp.dwn_proj=q8_0"], "['*.mlp.dwn_proj'] match no linear weight"),
+                          (["--override", "down_proj"], "expected PATTERN=MODE"),
+                          (["--override", "*.mlp.down_proj=q5_0"], "mode 'q5_0': expected one of"),
+                          (["--lm-head", "q5_0"], "--lm-head: mode 'q5_0'")]:
+        bad = str(tmp_path / "bad.circle")
+        assert main(["export", "circle_fx.demo:tiny_llama", "-o", bad, "--quantize", "q4_0", *argv]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and not os.path.exists(bad), err
+    assert main(["export", "circle_fx.demo:tiny_llama", "-o", out, "--override", "a=q8_0"]) == 1
+    assert "pass --quantize too" in capsys.readouterr().err
 
 
 def test_in_features_not_a_multiple_of_32_falls_back_to_int8():
