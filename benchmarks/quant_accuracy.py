@@ -78,6 +78,7 @@ MODES = [
     _mixed("q4_0+emb8+head8+down8+v8", **{DOWN: "q8_0", V: "q8_0"}),
     _mixed("q4_0+emb8+head8+down8+attn8", **{DOWN: "q8_0", ATTN: "q8_0"}),
     _mixed("q4_0+emb4+head8+down8", embedding="q4_0", **{DOWN: "q8_0"}),
+    _mixed("q4_0+emb4+head8+down8+ends8", embedding="q4_0", **{p: "q8_0" for p in ENDS}, **{DOWN: "q8_0"}),
 ]
 
 
