@@ -25,11 +25,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 #: (label, CircleQuantizer keyword arguments, run in onert too)
 VARIANTS = [
     ("all-integer (quantize_elementwise, skip=())", dict(quantize_elementwise=True, skip=()), False),
-    ("linears only, skip=(), minmax", dict(skip=()), False),
+    ("linears only, skip=(), minmax", dict(skip=()), True),
     ("default: minmax, skip down_proj", dict(), True),
     ("percentile, skip down_proj", dict(activation_observer="percentile"), False),
     ("mse (histogram), skip down_proj", dict(activation_observer="mse"), False),
     ("per-channel weights, skip down_proj", dict(per_channel_weights=True), False),
+    ("SmoothQuant alpha 0.5, skip down_proj", dict(smooth_quant=0.5), True),
+    ("SmoothQuant alpha 0.8, skip down_proj", dict(smooth_quant=0.8), True),
+    ("SmoothQuant alpha 0.5, skip=()", dict(smooth_quant=0.5, skip=()), True),
+    ("SmoothQuant alpha 0.8, skip=()", dict(smooth_quant=0.8, skip=()), True),
 ]
 
 
@@ -40,6 +44,8 @@ def quantize(gm, calibration, **kwargs):
 
     from circle_fx.quant import CircleQuantizer
 
+    if "smooth_quant" in kwargs:  # SmoothQuant's per-channel maxima come from the same calibration
+        kwargs = dict(kwargs, calibration=[(ids,) for ids in calibration])
     prepared = prepare_pt2e(copy.deepcopy(gm), CircleQuantizer(**kwargs))
     with torch.no_grad():
         for ids in calibration:
@@ -51,7 +57,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--no-onert", action="store_true", help="fake-quant rows only")
-    ap.add_argument("--only", default=None, help="run only variants whose label contains this")
+    ap.add_argument("--only", nargs="*", default=None, help="run only variants whose label contains one of these")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     import torch
@@ -70,7 +76,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     print(f"| float32 eager | {ck.perplexity(ref, ev):.2f} | 1.000 | | | |", flush=True)
     for label, kwargs, onert in VARIANTS:
-        if args.only and args.only not in label:
+        if args.only and not any(o in label for o in args.only):
             continue
         t = time.perf_counter()
         q = quantize(gm, cal, **kwargs)

@@ -6,7 +6,9 @@
   for ``torchao.quantization.pt2e`` (``prepare_pt2e`` -> calibrate -> ``convert_pt2e``);
   ``circle_fx.export(converted, inputs, quant_target="onert" | "npu")`` then turns the
   quantize/dequantize nodes into Circle quantization (:mod:`circle_fx.quant.qdq`).
-  ``qops`` holds the quantized torch custom ops those passes produce.
+  ``qops`` holds the quantized torch custom ops those passes produce. SmoothQuant
+  (:mod:`circle_fx.quant.smooth`, ``CircleQuantizer(smooth_quant=alpha, calibration=...)``)
+  moves activation outliers into the weights before annotation.
 
 The quantizer needs torchao (``pip install circle-fx[quant]``); it is imported on first use
 so that ``import circle_fx`` never requires it.

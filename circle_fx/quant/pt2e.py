@@ -159,13 +159,25 @@ class CircleQuantizer(Quantizer):
       perplexity +4 % over float with per-row int8 weights, +14 % per tensor). Only for
       ``quant_target="npu"``: onert 0.1.0 runs no int16 kernel; the file is checked
       against a numpy reference of its operators (``circle_fx.circle.reference``).
+    - ``smooth_quant``: SmoothQuant's ``alpha`` (0..1; None: off) and ``calibration`` (an
+      iterable of input tuples, e.g. the batches later run through the prepared model): before
+      annotation, ``prepare_pt2e`` then fuses the RMSNorms and folds per-channel scales into the
+      norms' gammas and the linears' weights (:mod:`circle_fx.quant.smooth`; no op is added,
+      the float model computes the same). Measured on SmolLM2-135M in
+      ``benchmarks/pt2e_accuracy.py``.
     """
 
     def __init__(self, activation: QuantizationSpec | None = None, weight: QuantizationSpec | None = None, *,
                  activation_observer: str = "minmax", quantize_elementwise: bool | None = None,
                  per_channel_weights: bool | None = None, skip: tuple[str, ...] = None,
-                 activation_dtype: str = "uint8"):
+                 activation_dtype: str = "uint8", smooth_quant: float | None = None, calibration=None):
         super().__init__()
+        if smooth_quant is not None and calibration is None:
+            raise InputError("CircleQuantizer(smooth_quant=...) needs calibration=[input tuples] "
+                             "(the per-channel activation maxima the scales come from)")
+        self.smooth_quant, self.calibration = smooth_quant, calibration
+        #: the groups SmoothQuant rescaled (``circle_fx.quant.smooth.SmoothGroup``), after prepare
+        self.smoothed = []
         if activation_dtype not in ACTIVATION_DTYPES:
             raise InputError(f"CircleQuantizer(activation_dtype={activation_dtype!r}): expected one of "
                              f"{', '.join(map(repr, ACTIVATION_DTYPES))}")
@@ -185,6 +197,13 @@ class CircleQuantizer(Quantizer):
                 uint8_per_channel_spec() if per_channel_weights else uint8_spec())
         self.weight = weight
         self.quantize_elementwise = int16 if quantize_elementwise is None else quantize_elementwise
+
+    def transform_for_annotation(self, model: fx.GraphModule) -> fx.GraphModule:
+        if self.smooth_quant is not None:
+            from .smooth import smooth_quant
+
+            self.smoothed = smooth_quant(model, self.calibration, self.smooth_quant)
+        return model
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
         constant = _constant_nodes(model.graph)
