@@ -10,6 +10,7 @@ Q4_0 GATHER, 32x32) runs in a child Python; if the child dies, loading the real 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -107,12 +108,34 @@ def has_block_tensors(path) -> bool:
     return any(ggml.block_type(t.type) is not None for t in read_circle(path).tensors)
 
 
-def check_ggml_runs(path) -> None:
-    """Raise :class:`RuntimeFailure` if ``path`` has GGML tensors and onert cannot run them here."""
-    if not has_block_tensors(path):
+@contextlib.contextmanager
+def ggml_threads(active: bool):
+    """``NUM_THREADS=1`` while onert prepares a session of a file with GGML weights, unless the
+    host set ``NUM_THREADS`` itself. onert reads the variable when it *prepares* a session (its
+    first run, or ``prepare()``), per session: set around prepare and removed, the session keeps
+    one thread and later sessions get the default again (measured 2026-12-05). One thread because
+    ggml's threads wait on a busy core: 12 stacked 2048x2048 Q4_0 FCs, one token, 2 cores with the
+    other one busy: 3.3-6.9 ms with one thread, 43-53 ms with NUM_THREADS unset or 2 (Q8_0: 6.4
+    vs 58-60 ms); float32 is unaffected (docs/onert-findings.md). The variable is process-wide for
+    the duration: a session another thread prepares at that moment gets one thread too."""
+    if not active or "NUM_THREADS" in os.environ:
+        yield
         return
+    os.environ["NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("NUM_THREADS", None)
+
+
+def check_ggml_runs(path) -> bool:
+    """Raise :class:`RuntimeFailure` if ``path`` has GGML tensors and onert cannot run them here;
+    True when it has GGML tensors (and they run)."""
+    if not has_block_tensors(path):
+        return False
     why = ggml_unsupported_reason()
     if why:
         raise RuntimeFailure(f"{path} has GGML block-quantized weights, which onert cannot run on this "
                              f"machine: {why}. The file itself is valid (circle_fx.verify); run it on a CPU "
                              "with AVX-512, or export with quantize='int8-weights'")
+    return True

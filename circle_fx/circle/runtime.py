@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import InputError, RuntimeFailure, VerifyError
 from .fdcapture import FdCapture
-from .ggml_support import check_ggml_runs
+from .ggml_support import check_ggml_runs, ggml_threads
 
 
 def check_loadable(path: str) -> None:
@@ -68,7 +68,8 @@ class OnertSession:
             import onert
         except ImportError as e:  # pragma: no cover - onert is a hard dependency
             raise RuntimeFailure("onert is not installed: pip install onert") from e
-        check_ggml_runs(path)  # a CPU onert's ggml kernels cannot run on would SIGILL the process
+        # a CPU onert's ggml kernels cannot run on would SIGILL the process
+        self._ggml = check_ggml_runs(path)
         self._capture = FdCapture()
         try:
             with self._capture:
@@ -80,7 +81,8 @@ class OnertSession:
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         try:
-            with self._capture:
+            # the first run prepares the session: onert reads NUM_THREADS then
+            with self._capture, ggml_threads(self._ggml and not getattr(self.session, "_prepared", False)):
                 outs = self.session.infer([np.ascontiguousarray(x) for x in inputs])
         except Exception as e:
             raise _failure(f"onert failed to run {self.path}", e, self._capture.text) from e

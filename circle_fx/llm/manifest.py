@@ -45,8 +45,9 @@ Each part also has ``"limits"``: the ``circle_fx.limits`` metadata its file carr
 merged q/k/v or gate/up weight joined by ``+``), ENCODING one of ``q4_0``, ``q8_0`` (GGML blocks),
 ``int8`` (per-row int8 + MUL by the row scales), ``uint8`` (embedding rows, zero point 128);
 a tied weight stored once per encoding reads ``q8_0+uint8``; a weight not listed is float32.
-``num_threads``: onert reads the ``NUM_THREADS`` environment variable when a session is created;
-a host should set it to this value before creating sessions for these files (measured on an
+``num_threads``: onert reads the ``NUM_THREADS`` environment variable when it prepares a session
+(``nnfw_prepare``, per session); a host should set it to this value before preparing sessions for
+these files (``LLMRunner`` and ``CircleModel.run`` do, unless ``NUM_THREADS`` is already set) (measured on an
 AVX-512 host: onert's ggml kernels were 8-10x slower with ``NUM_THREADS`` unset or 2 than with 1
 when the second core was busy, and never faster with 2 when it was idle; float models keep onert's
 default, whose multithreaded CONV_2D speeds up prefill).
@@ -111,9 +112,10 @@ def cache_writes(layers: list[int], rows: str, first_cache_row, count) -> list[d
 
 
 #: why a package with GGML weights asks for one onert thread (``weights.num_threads_why``)
-GGML_THREADS_WHY = ("onert's ggml kernels (GGML_Q8_0/Q4_0 FULLY_CONNECTED) were 8-10x slower with NUM_THREADS "
+GGML_THREADS_WHY = ("onert's ggml kernels (GGML_Q8_0/Q4_0 FULLY_CONNECTED) were 7-10x slower with NUM_THREADS "
                     "unset or 2 than with 1 on a 2-core host whose other core was busy, and no faster with 2 "
-                    "on an idle one (measured 2026-12-03; docs/onert-findings.md)")
+                    "on an idle one (measured 2026-12-03 and 2026-12-05; docs/onert-findings.md); onert reads "
+                    "NUM_THREADS when it prepares a session")
 
 
 def weights_entry(quantize, decode, prefill) -> dict:

@@ -32,13 +32,14 @@ class _Session:
         import onert
         from onert.native.libnnfw_api_pybind import prepare_config
 
-        from ..circle.ggml_support import check_ggml_runs
+        from ..circle.ggml_support import check_ggml_runs, ggml_threads
 
-        check_ggml_runs(path)  # a CPU onert's ggml kernels cannot run on would SIGILL the process
+        ggml = check_ggml_runs(path)  # a CPU onert's ggml kernels cannot run on would SIGILL the process
         try:
             self.s = onert.infer.session(path).session
             self.s.set_prepare_config(prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)
-            self.s.prepare()
+            with ggml_threads(ggml):  # onert reads NUM_THREADS when it prepares
+                self.s.prepare()
         except Exception as e:
             raise RuntimeFailure(f"onert could not load {path}: {e}") from e
         self.path = path

@@ -74,5 +74,12 @@ def test_cli_overrides_and_manifest_weight_formats(tmp_path, capsys):
         assert enc["model.layers.0.mlp.down_proj"] == "q8_0" and enc["model.layers.1.mlp.down_proj"] == "q4_0"
         assert enc["lm_head"] == "q8_0" and enc["model.embed_tokens"] == "uint8", enc
     assert w["ggml"] is True and w["num_threads"] == 1 and w["bits_per_weight"]["q4_0"] == 4.5
+    from circle_fx.circle.ggml_support import ggml_unsupported_reason
+
+    if not ggml_unsupported_reason():  # the runner prepares both sessions with NUM_THREADS=1, then drops it
+        from circle_fx.llm import LLMRunner
+
+        runner = LLMRunner(out)
+        assert np.isfinite(runner.step(3, 0)).all() and "NUM_THREADS" not in os.environ
     pkg = circle_fx.export_llm(tiny("llama"), max_seq_len=16, prefill_len=4)
     assert pkg.manifest["weights"]["quantize"] is None and pkg.manifest["weights"]["num_threads"] is None

@@ -234,3 +234,37 @@ def test_onert_runs_ggml_or_refuses_cleanly():
         return
     got = cm.run(ids)[0]
     assert _rel(got, program.run(ids)[0].numpy()) <= 0.03
+
+
+def test_ggml_sessions_prepare_with_one_thread(monkeypatch):
+    """onert reads NUM_THREADS when it prepares a session: a GGML file's first run sees
+    NUM_THREADS=1 (ggml's threads are 8-10x slower with a busy second core), the variable is gone
+    afterwards (a later float session keeps onert's default), and a host's own setting is kept."""
+    from circle_fx.circle import ggml_support
+
+    monkeypatch.delenv("NUM_THREADS", raising=False)
+    seen = []
+    real = ggml_support.ggml_threads
+
+    def spy(active):
+        seen.append(active)
+        return real(active)
+
+    with real(True):
+        assert os.environ["NUM_THREADS"] == "1"
+    assert "NUM_THREADS" not in os.environ
+    monkeypatch.setenv("NUM_THREADS", "2")
+    with real(True):
+        assert os.environ["NUM_THREADS"] == "2"
+    monkeypatch.delenv("NUM_THREADS")
+    if ggml_unsupported_reason():
+        pytest.skip("onert's GGML kernels cannot run on this CPU")
+    import circle_fx.circle.runtime as runtime
+
+    monkeypatch.setattr(runtime, "ggml_threads", spy)
+    model = torch.nn.Linear(64, 8, bias=False).eval()
+    x = torch.randn(1, 64)
+    cm = circle_fx.export(model, (x,), quantize="q8_0", verbose=False)
+    cm.run(x)
+    cm.run(x)
+    assert seen[:1] == [True] and not any(seen[1:]) and "NUM_THREADS" not in os.environ, seen
