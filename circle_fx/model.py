@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .circle.activation_ranges import range_lines, widest_activation_ranges
 from .circle.ggml import block_type
 from .circle.schema import CIRCLE_TO_NUMPY, op_name, type_name
 from .emit.builder import ModelBuilder
@@ -200,6 +201,8 @@ class CircleModel:
             f"{dt} {n:,} ({100 * n / max(1, b.weight_bytes()):.1f}%)" for dt, n in self.weight_bytes_by_dtype().items()))
         if self.report.quantization is not None:
             lines.extend(self.report.quantization.lines())
+        lines.extend(range_lines(widest_activation_ranges(b.tensors, lambda i: b.tensors[i].buffer != 0
+                                                          and b.buffers[b.tensors[i].buffer] is not None)))
         lines.append("")
         lines.append("op histogram:")
         for name, count in self.op_histogram().most_common():
