@@ -33,7 +33,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
            verbose: bool | None = None, switch_implementations: bool = True,
            cast_to_float32: bool = False, quant_target: str | None = None,
            quantize: str | QuantConfig | None = None, verify: bool = True,
-           clamp_indices: bool = True) -> CircleModel:
+           clamp_indices: bool = True, quant_report=None) -> CircleModel:
     """Convert an unpatched PyTorch model into a Circle model.
 
     ``passes`` replaces the default optimisation pipeline (see
@@ -57,13 +57,15 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     table (MINIMUM/MAXIMUM), so no input value makes onert read outside it; the valid range is
     recorded in the file either way (``circle_fx.limits`` metadata, checked by ``run``).
     ``False`` leaves the indices as they are (see benchmarks/index_clamp.py for the cost).
+    ``quant_report``: a :func:`circle_fx.quant.report.quantization_report` of the calibrated
+    (prepared) model, kept on the result and printed by ``summary()``.
     """
     if quant_target is not None:
         from .quant.qdq import check_target
 
         check_target(quant_target)  # a bad value fails before the (slow) capture
     quantize = resolve_quantize(quantize)  # likewise
-    report = ExportReport()
+    report = ExportReport(quant_report=quant_report)
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)
         t0 = time.perf_counter()

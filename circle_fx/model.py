@@ -28,6 +28,8 @@ class ExportReport:
     notes: list = field(default_factory=list)
     #: what the weight quantization pass did (``circle_fx.quant.weight_only.QuantizationRecord``)
     quantization: object = None
+    #: a static quantization report (``circle_fx.quant.report.QuantizationReport``) passed to export
+    quant_report: object = None
 
 
 class CircleModel:
@@ -201,6 +203,8 @@ class CircleModel:
             f"{dt} {n:,} ({100 * n / max(1, b.weight_bytes()):.1f}%)" for dt, n in self.weight_bytes_by_dtype().items()))
         if self.report.quantization is not None:
             lines.extend(self.report.quantization.lines())
+        if self.report.quant_report is not None:
+            lines.extend(self.report.quant_report.lines())
         lines.extend(range_lines(widest_activation_ranges(b.tensors, lambda i: b.tensors[i].buffer != 0
                                                           and b.buffers[b.tensors[i].buffer] is not None)))
         lines.append("")
