@@ -1,0 +1,200 @@
+"""Every vision, audio and encoder family of the installed ``transformers``, as tiny random models.
+
+The list is not hand-picked: one row per (task, model type) of transformers' auto mappings for
+image classification, semantic segmentation, object detection, audio classification, CTC,
+masked LM and seq2seq LM (:data:`TASKS`). A family's config is built like the decoders'
+(``scripts/hf_families.py``): its defaults with the :data:`hf_families.TINY` sizes plus the
+vision / audio sizes of :data:`TINY_VISION` (per-stage lists keep their length, stages get one
+block and small widths), sub-configs (a backbone, an encoder) shrunk the same way. When that
+tiny config does not build or run in eager, the family's *default* config with two layers is
+tried (the row says which config ran), so a family is only skipped when neither builds.
+
+The example input is what the class's ``main_input_name`` asks for, sized from the config:
+``pixel_values [1, C, S, S]`` (S: the config's ``image_size``, else 64), ``input_values [1, 1600]``
+(0.1 s of 16 kHz audio), ``input_features`` in the layout the config implies (Whisper's
+``[1, mels, 2 * max_source_positions]``, AST's ``[1, max_length, mels]``, W2V-BERT's
+``[1, T, feature_size]``), ``input_ids [1, 8]`` (+ ``decoder_input_ids [1, 4]`` for seq2seq).
+
+Used by ``scripts/encoder_support.py`` (docs/encoder-support.md).
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+import hf_families as hf
+
+#: task -> transformers' auto mapping holding its (model type -> class) rows
+TASKS = {
+    "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "semantic-segmentation": "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+    "object-detection": "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+    "audio-classification": "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    "ctc": "MODEL_FOR_CTC_MAPPING_NAMES",
+    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+}
+
+IMAGE = 64
+AUDIO_SAMPLES = 1600
+SEQ = 8
+DECODER_SEQ = 4
+
+#: vision / audio sizes (scalars), applied to the attributes the default config has
+TINY_VISION = dict(
+    image_size=IMAGE, embedding_size=16, embed_dim=24, num_labels=3, num_queries=10, d_model=64,
+    encoder_hidden_dim=32, decoder_hidden_dim=32, backbone_hidden_size=32,
+    num_mel_bins=32, max_source_positions=16, max_length=64, conv_dim=(32, 32), conv_stride=(5, 4),
+    conv_kernel=(10, 4), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+    num_feat_extract_layers=2, tdnn_dim=(32, 32), tdnn_kernel=(5, 3), tdnn_dilation=(1, 2), xvector_output_dim=32,
+    classifier_proj_size=32, proj_codevector_dim=32, codevector_dim=32,
+)
+#: per-stage list fields: each stage one block (depths) or a small width (the rest)
+STAGE_LISTS = {"depths": lambda i, v: 1, "hidden_sizes": lambda i, v: 8 * 2 ** i, "neck_hidden_sizes":
+               lambda i, v: 8 * 2 ** i, "widths": lambda i, v: 8 * 2 ** i, "embed_dims": lambda i, v: 8 * 2 ** i,
+               "num_encoder_blocks": lambda i, v: 1}
+
+
+@dataclass(frozen=True)
+class Family:
+    """``model_type`` is the row key ``task/model type`` (what the run cache is keyed by)."""
+    model_type: str
+    model_class: str
+    skip: str | None = None
+
+    @property
+    def task(self) -> str:
+        return self.model_type.split("/", 1)[0]
+
+    @property
+    def config_type(self) -> str:
+        return self.model_type.split("/", 1)[1]
+
+
+def enumerate_families() -> list[Family]:
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    out = []
+    for task, mapping in TASKS.items():
+        for model_type, cls_name in sorted(getattr(modeling_auto, mapping).items()):
+            if isinstance(cls_name, (list, tuple)):  # several classes for one type: the first
+                cls_name = cls_name[0]
+            skip = None if hasattr(transformers, cls_name) else f"{cls_name} is not importable from this build"
+            out.append(Family(f"{task}/{model_type}", cls_name, skip))
+    return out
+
+
+def _shrunk(default) -> dict:
+    """The tiny overrides of ``default``'s fields: TINY, TINY_VISION, per-stage lists."""
+    kwargs = {k: v for k, v in {**hf.TINY, **TINY_VISION}.items() if hf._has_attr(default, k)}
+    for k, fn in STAGE_LISTS.items():
+        v = getattr(default, k, None)
+        if isinstance(v, (list, tuple)) and v and all(isinstance(e, int) for e in v):
+            kwargs[k] = [fn(i, e) for i, e in enumerate(v)]
+    if "embed_dim" in kwargs and isinstance(getattr(default, "num_heads", None), (list, tuple)):
+        kwargs["embed_dim"] = 8 * max(default.num_heads[0], 1)  # Swin: stage widths divide by heads
+    if isinstance(getattr(default, "image_size", None), (list, tuple)):
+        kwargs["image_size"] = [IMAGE] * len(default.image_size)
+    for k in ("conv_dim", "conv_stride", "conv_kernel", "tdnn_dim", "tdnn_kernel", "tdnn_dilation"):
+        v = getattr(default, k, None)
+        if k in kwargs and isinstance(v, (list, tuple)):
+            kwargs[k] = list(kwargs[k])
+    return kwargs
+
+
+def _config(cls, tiny: bool):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default = cls()
+        if tiny:
+            kwargs = _shrunk(default)
+            kwargs.update(hf._tiny_sub_configs(default))
+            for key in getattr(default, "sub_configs", {}):  # shrink the vision parts of sub-configs too
+                sub = kwargs.get(key) or getattr(default, key, None)
+                if sub is not None and hasattr(sub, "to_dict"):
+                    try:
+                        kwargs[key] = type(sub)(**{**sub.to_dict(), **_shrunk(sub)})
+                    except Exception:  # noqa: BLE001 - keep the TINY-only part
+                        pass
+        else:
+            kwargs = {k: 2 for k in ("num_hidden_layers", "encoder_layers", "decoder_layers")
+                      if hf._has_attr(default, k) and isinstance(getattr(default, k), int) and getattr(default, k) > 2}
+        return hf._construct(cls, kwargs, keep=set())
+
+
+def example_inputs(model, fam: Family) -> tuple[tuple, dict]:
+    """(positional, keyword) example inputs for the class's main input (see the module doc)."""
+    cfg = model.config
+    gen = torch.Generator().manual_seed(0)
+    name = getattr(model, "main_input_name", "input_ids")
+    if name == "pixel_values":
+        c = getattr(cfg, "num_channels", 3)
+        size = getattr(cfg, "image_size", IMAGE)
+        size = list(size) if isinstance(size, (list, tuple)) else [size, size]
+        return (torch.randn(1, c, *size, generator=gen),), {}
+    if name == "input_values":
+        return (torch.randn(1, AUDIO_SAMPLES, generator=gen),), {}
+    if name == "input_features":
+        mels = getattr(cfg, "num_mel_bins", 80)
+        if hasattr(cfg, "max_source_positions"):
+            shape = [1, mels, 2 * cfg.max_source_positions]
+        elif hasattr(cfg, "max_length"):
+            shape = [1, cfg.max_length, mels]
+        elif hasattr(cfg, "feature_size"):
+            shape = [1, 20, cfg.feature_size]
+        else:
+            shape = [1, 20, getattr(cfg, "input_feat_per_channel", mels) * getattr(cfg, "input_channels", 1)]
+        return (torch.randn(*shape, generator=gen),), {}
+    if name != "input_ids":
+        raise hf.SkipFamily(f"main input {name!r} has no example here")
+    vocab = min(getattr(cfg, "vocab_size", 256) or 256, 256)
+    ids = torch.randint(3, vocab, (1, SEQ), generator=gen)
+    kwargs = {}
+    if fam.task == "seq2seq":
+        kwargs["decoder_input_ids"] = torch.randint(3, vocab, (1, DECODER_SEQ), generator=gen)
+    return (ids,), kwargs
+
+
+def build(fam: Family):
+    """(model, config kind, args, kwargs, eager outputs): the tiny config first, the family's
+    defaults with two layers when it does not build or run."""
+    import transformers
+
+    cls = getattr(transformers, fam.model_class)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cfg_cls = hf.config_class_for(CONFIG_MAPPING[fam.config_type], fam.model_class)
+    errors = []
+    for kind in ("tiny", "default, 2 layers"):
+        try:
+            config = _config(cfg_cls, kind == "tiny")
+            if hasattr(config, "use_cache"):
+                config.use_cache = False
+            torch.manual_seed(0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = cls(config).eval()
+            args, kwargs = example_inputs(model, fam)
+            if "return_dict" in inspect.signature(model.forward).parameters:
+                kwargs.setdefault("return_dict", False)
+            with torch.no_grad():
+                ref = model(*args, **kwargs)
+            return model, kind, args, kwargs, ref
+        except hf.SkipFamily:
+            raise
+        except Exception as e:  # noqa: BLE001 - try the next config, report both
+            errors.append(f"{kind}: {type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}")
+    raise hf.SkipFamily("does not build / run in eager (" + "; ".join(errors) + ")")
+
+
+def tensors(out) -> list[torch.Tensor]:
+    """The tensor leaves of a model output, in order."""
+    import torch.utils._pytree as pytree
+
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
