@@ -86,7 +86,9 @@ def quantization_report(prepared: fx.GraphModule, batches) -> QuantizationReport
         if obs is None or not isinstance(src, fx.Node) or src.op == "get_attr" or obs.min_val.numel() != 1:
             continue
         if torch.isfinite(obs.min_val) and torch.isfinite(obs.max_val):
-            report.ranges.append(ObservedRange(src.name, float(obs.min_val), float(obs.max_val)))
+            where = _name(src)
+            name = src.name if where == src.name else f"{src.name} ({where})"
+            report.ranges.append(ObservedRange(name, float(obs.min_val), float(obs.max_val)))
     linears = {}
     for n in prepared.graph.nodes:
         if n.op == "call_function" and n.target is aten.linear.default:

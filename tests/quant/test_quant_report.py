@@ -65,7 +65,7 @@ def test_report_shows_the_outlier_input_and_its_linear():
         assert sorted(e.name for e in r.layers) == ["fc", "fc2"]
     sq = {k: {e.name: e.sqnr_db for e in r.layers} for k, r in (("plain", plain), ("bad", bad))}
     assert sq["bad"]["fc"] < sq["plain"]["fc"] - 10 and sq["bad"]["fc"] < sq["bad"]["fc2"], sq
-    assert max(bad.ranges, key=lambda r: r.width).name == "x"
+    assert max(bad.ranges, key=lambda r: r.width).name == "x"  # a model input: no module path
     assert max(bad.ranges, key=lambda r: r.width).width > 100 * 2
     text = str(bad)
     assert "lowest SQNR" in text and "fc:" in text and "widest calibrated activation ranges" in text
