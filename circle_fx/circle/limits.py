@@ -20,6 +20,8 @@ REDUCE_DROPS_DIMS = 4
 BROADCAST_TO = 5
 #: STRIDED_SLICE input (rank 6: "ShapeValidator failed at line 969")
 STRIDED_SLICE = 5
+#: PAD / PADV2 input ("Padding for rank > 4 NYI" at run time; the model loads and verifies otherwise)
+PAD = 4
 #: RMS_NORM input ranks (onert's kernel takes 3-D and 4-D inputs only)
 RMS_NORM = (3, 4)
 #: elementwise ops (EXP, MUL, SUB, SELECT_V2 at rank 7: the process crashes)
@@ -80,6 +82,8 @@ def rank_problem(name: str, input_dims: list[list], output_dims: list, axes=None
             and (axes is None or tuple(sorted(a % 4 for a in axes)) not in REDUCE_DROPS_DIMS_RUN):
         return (f"a {REDUCE_DROPS_DIMS}-D reduction to rank {len(output_dims)} (keepDims=False); onert fails at "
                 "prepare for most such axes: keep the dims and RESHAPE after")
+    if name in ("PAD", "PADV2") and input_dims and len(input_dims[0]) > PAD:
+        return f"input rank {len(input_dims[0])}; onert's {name} takes rank <= {PAD} (\"Padding for rank > 4 NYI\")"
     if name == "STRIDED_SLICE" and input_dims and len(input_dims[0]) > STRIDED_SLICE:
         return f"input rank {len(input_dims[0])}; onert's STRIDED_SLICE takes rank <= {STRIDED_SLICE}"
     if name == "DEPTHWISE_CONV_2D" and output_dims and output_dims[-1] > DEPTHWISE_DEPTH:

@@ -186,6 +186,31 @@ def _fold_broadcast_to(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]
     return new_ops
 
 
+def _fold_pad(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    """PAD / PADV2 above rank ``limits.PAD`` ("Padding for rank > 4 NYI"): each run of
+    neighbouring unpadded dims merges into one (row-major: the padded dims keep their place),
+    RESHAPE in, the PAD on the folded dims, RESHAPE out. More padded dims than the limit: refused."""
+    x, out_t = op.inputs[0], op.outputs[0]
+    src = mb.dims(x)
+    if len(src) <= limits.PAD:
+        return None
+    table = mb.values(op.inputs[1]).reshape(len(src), 2).tolist()
+    keys = [("pad", k) if any(table[k]) else "keep" for k in range(len(src))]
+    groups = dims.runs(keys, skip=lambda k: src[k] == 1 and not any(table[k]))
+    own = dims.fold(src, groups)
+    if len(groups) > limits.PAD or own.count(-1) > 1:
+        raise op.unsupported(f"a {len(src)}-D {op_name(op.code)} padding {table}{op.where}: onert 0.1.0 pads "
+                             f"rank <= {limits.PAD} only, and these dims do not merge into {limits.PAD}")
+    hint = dims.fold(mb.tensors[x].shape, groups)
+    xv, new_ops = mb.reshaped(x, own, hint, f"{mb.tensors[x].name}/folded", op.source)
+    pads = np.asarray([table[ks[0]] if key != "keep" else [0, 0] for key, ks in groups], np.int32)
+    mid = mb.like(out_t, dims.fold(mb.dims(out_t), groups), dims.fold(mb.tensors[out_t].shape, groups))
+    pad_t = mb.add_constant(f"{mb.tensors[mid].name}/paddings", pads)
+    new_ops.append(OperatorInfo(op.code, [xv, pad_t, *op.inputs[2:]], [mid], op.options, op.source))
+    new_ops.append(mb.reshape_into(mid, out_t, op.source))
+    return new_ops
+
+
 SAME, ONE_IN_A, ONE_IN_B = "same", "a1", "b1"
 
 
@@ -271,7 +296,7 @@ def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:
 #: Circle op -> its fold (replacement operators, or None when it is within its limit)
 FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm,
          BO.DEPTHWISE_CONV_2D: _split_depthwise, BO.BROADCAST_TO: _fold_broadcast_to,
-         BO.BATCH_MATMUL: _fold_batch_matmul, BO.STRIDED_SLICE: axes.fold_strided_slice,
+         BO.BATCH_MATMUL: _fold_batch_matmul, BO.PAD: _fold_pad, BO.PADV2: _fold_pad, BO.STRIDED_SLICE: axes.fold_strided_slice,
          **{getattr(BO, name): axes.fold_reduce for name in limits.REDUCTIONS}}
 
 
