@@ -7,7 +7,9 @@ MAX_POOL_2D and AVERAGE_POOL_2D read and write NHWC. The decompositions
 permutes through elementwise ops so that neighbouring pairs cancel and a whole CNN runs in NHWC.
 
 Arguments keep torch's meaning, except that ``x`` and the result are NHWC and ``padding`` is
-explicit per side, ``[top, bottom, left, right]`` (asymmetric and ``padding="same"`` included);
+explicit per side, ``[top, bottom, left, right]`` (asymmetric and ``padding="same"`` included),
+and a convolution may carry the activation Circle fuses into it (``activation``: none, relu,
+relu6; set by the ``fused_activation`` family);
 weights stay in torch's ``[out, in/groups, kH, kW]`` layout (the lowering reorders the constant
 at compile time). Each op has an eager kernel (the torch op between two permutes), so graphs
 using them still run in PyTorch; the fake kernel is the same code on fake tensors.
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
 _lib.define("conv2d_nhwc(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
-            "int groups) -> Tensor")
+            "int groups, str activation=\"none\") -> Tensor")
 _lib.define("max_pool2d_nhwc(Tensor x, int[] kernel, int[] stride, int[] padding) -> Tensor")
 _lib.define("avg_pool2d_nhwc(Tensor x, int[] kernel, int[] stride, int[] padding, bool ceil_mode, "
             "bool count_include_pad, int? divisor_override) -> Tensor")
@@ -41,9 +43,13 @@ def _torch_pads(padding) -> tuple[int, int, int, int]:
     return (left, right, top, bottom)
 
 
-def _conv2d(x, weight, bias: Optional[torch.Tensor], stride, padding, dilation, groups):
+#: the activations Circle's CONV_2D applies to its result (``fused_activation_function``)
+ACTIVATIONS = {"none": lambda y: y, "relu": torch.relu, "relu6": lambda y: torch.clamp(y, 0.0, 6.0)}
+
+
+def _conv2d(x, weight, bias: Optional[torch.Tensor], stride, padding, dilation, groups, activation: str = "none"):
     xp = F.pad(_nchw(x), _torch_pads(padding))
-    return _nhwc(F.conv2d(xp, weight, bias, list(stride), 0, list(dilation), groups))
+    return ACTIVATIONS[activation](_nhwc(F.conv2d(xp, weight, bias, list(stride), 0, list(dilation), groups)))
 
 
 def _max_pool2d(x, kernel, stride, padding):

@@ -156,7 +156,13 @@ def _check_per_channel(m):
     return None
 
 
-_CHECKS = (_check_float, _check_constant_weights, _check_per_channel)
+def _check_no_activation(m):
+    conv = next(n for n in m.nodes if n.target is conv2d_nhwc)
+    act = conv.args[7] if len(conv.args) > 7 else conv.kwargs.get("activation", "none")
+    return None if act == "none" else f"the convolution already applies {act} to its result"
+
+
+_CHECKS = (_check_float, _check_constant_weights, _check_no_activation, _check_per_channel)
 
 
 # --------------------------------------------------------------------------- replacement

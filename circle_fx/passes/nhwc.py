@@ -184,13 +184,13 @@ class NHWCPadsIntoConvs(NodePass):
         if value != 0 or per_dim[0] != (0, 0) or per_dim[3] != (0, 0):
             return False
         (top, bottom), (left, right) = per_dim[1], per_dim[2]
-        _, w, b, stride, padding, dilation, groups = n.args
+        _, w, b, stride, padding, dilation, groups, *rest = n.args
         padding = [padding[0] + top, padding[1] + bottom, padding[2] + left, padding[3] + right]
         with g.inserting_before(n):
             src = pad.args[0]
             if perm is not None:
                 src = make_node(g, aten.permute.default, (src, perm), like=x)
-            new = make_node(g, conv2d_nhwc, (src, w, b, stride, padding, dilation, groups), like=n)
+            new = make_node(g, conv2d_nhwc, (src, w, b, stride, padding, dilation, groups, *rest), like=n)
         n.replace_all_uses_with(new)
         g.erase_node(n)
         if perm is not None:

@@ -30,6 +30,9 @@ from ..registry import lowering
 from ._common import BO, options
 
 SAME, VALID = 0, 1  # circle.Padding.Padding
+#: circle.ActivationFunctionType of ``conv2d_nhwc``'s ``activation`` (applied per output element:
+#: per group too)
+_ACTIVATION = {"none": 0, "relu": 1, "relu6": 3}
 
 
 def _spatial(ctx, node, x) -> tuple[list[int], list[int]]:
@@ -82,7 +85,7 @@ def _input(ctx, node, x, plan, value=None) -> tuple[int, int]:
 
 @lowering(conv2d_nhwc)
 def conv2d(ctx, node):
-    x, w, b, stride, pads, dilation, groups = arguments(node)
+    x, w, b, stride, pads, dilation, groups, activation = arguments(node)
     weight = ctx.constant(w)
     if weight is None:
         raise ctx.error(f"the weight %{w.name} of a convolution must be a constant (a parameter or buffer)")
@@ -94,7 +97,7 @@ def conv2d(ctx, node):
     c_in, c_out = ctx.dims(x)[3], weight.shape[0]
     bias = (ctx.constant(b).detach() if b is not None else torch.zeros(c_out, dtype=weight.dtype))
     common = dict(padding=padding, strideH=stride[0], strideW=stride[1], dilationHFactor=dilation[0],
-                  dilationWFactor=dilation[1])
+                  dilationWFactor=dilation[1], fusedActivationFunction=_ACTIVATION[activation])
     if groups == 1:
         _conv(ctx, xt, weight, bias, ctx.output(node), common)
     elif groups == c_in and c_out % c_in == 0:
