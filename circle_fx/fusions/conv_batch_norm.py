@@ -1,7 +1,8 @@
 """Convolution followed by a per-channel scale and shift (inference BatchNorm) -> one convolution
 with the scale and shift folded into its weight and bias, at compile time.
 
-``torch.export`` keeps an eval-mode ``nn.BatchNorm*d`` as ``aten.batch_norm`` (training=False).
+``torch.export`` keeps an eval-mode ``nn.BatchNorm*d`` as ``aten.batch_norm`` (training=False)
+or, in transformers' CNNs, ``aten._native_batch_norm_legit_no_training`` (read by ``getitem(0)``).
 The family's composite rewrites one whose statistics are constants (buffers) into its affine
 form ``x * scale + shift`` (``scale = weight / sqrt(var + eps)``, ``shift = bias - mean * scale``,
 constants that fold): two elementwise ops, which the layout pass moves through like any other
@@ -25,6 +26,8 @@ along the channel dim (dim 1 of the NCHW / NCL result) and do not broadcast it l
 per-channel affine and stays a MUL/ADD.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx as fx
@@ -63,6 +66,32 @@ def batch_norm_affine(n: fx.Node, g: fx.Graph):
     scale = make_node(g, aten.reshape.default, (scale, per_channel), like=n)
     shift = make_node(g, aten.reshape.default, (shift, per_channel), like=n)
     return make_node(g, aten.add.Tensor, (make_node(g, aten.mul.Tensor, (x, scale), like=n), shift), like=n)
+
+
+def legit_no_training_affine(n: fx.Node, g: fx.Graph):
+    """``aten._native_batch_norm_legit_no_training`` (what transformers' CNNs export to: a
+    tuple read by ``getitem(0)``) -> :func:`batch_norm_affine`; the ``getitem`` readers of the
+    result are redirected here (the saved statistics, results 1 and 2, must be unused)."""
+    users = list(n.users)
+    if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        return None
+    x, weight, bias, mean, var, momentum, eps = n.args[:7]
+    shim = _BatchNormArgs(x, weight, bias, mean, var, eps, n)
+    out = batch_norm_affine(shim, g)
+    if out is None:
+        return None
+    for u in users:
+        u.replace_all_uses_with(out)
+        g.erase_node(u)
+    return out
+
+
+class _BatchNormArgs:
+    """``aten.batch_norm``'s argument list (training=False) for another BatchNorm op's node."""
+
+    def __init__(self, x, weight, bias, mean, var, eps, node):
+        self.args = (x, weight, bias, mean, var, False, 0.0, eps)
+        self.meta, self.node = node.meta, node
 
 
 # --------------------------------------------------------------------------- patterns
@@ -217,6 +246,7 @@ def _scaled_conv(n: fx.Node) -> bool:
 
 FAMILY = register_family(FusionFamily(
     "conv_batch_norm", RULES, op=conv2d_nhwc,
-    composites={aten.batch_norm.default: batch_norm_affine},
+    composites={aten.batch_norm.default: batch_norm_affine,
+                aten._native_batch_norm_legit_no_training.default: legit_no_training_affine},
     candidates=(Candidate(_scaled_conv, hops=1, require_check=True),),
     title="Conv+BatchNorm"))

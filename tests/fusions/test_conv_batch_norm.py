@@ -154,3 +154,20 @@ def test_fused_graph_equals_the_unfused_model(dims, c_in, mult, k, stride, depth
     # the ReLU after it fuses too, and that record absorbs this family's (its rules are listed)
     assert any(rule in {r.name for r in RULES} for rec in p.fusions() for rule in rec.rules)
     torch.testing.assert_close(p.run(x)[0], model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_transformers_resnet_folds_every_batch_norm():
+    """transformers' ResNet exports its BatchNorms as ``_native_batch_norm_legit_no_training``
+    (a tuple read by getitem): they fold too, and the ReLUs fuse into the convolutions."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.ResNetForImageClassification(transformers.ResNetConfig(
+        hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], embedding_size=8)).eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            _randomize(m, torch.Generator().manual_seed(1))
+    x = torch.randn(1, 3, 32, 32)
+    cm = circle_fx.export(model, (x,), example_kwargs={"return_dict": False})
+    hist = cm.op_histogram()
+    assert "MUL" not in hist and "SUB" not in hist and hist["TRANSPOSE"] == 1, hist
+    np.testing.assert_allclose(cm.run(x)[0], model(x, return_dict=False)[0].detach().numpy(), rtol=1e-4, atol=1e-4)
