@@ -23,6 +23,12 @@ def tiny(family: str):
         cfg = Gemma3TextConfig(num_hidden_layers=3, head_dim=8, sliding_window=6, sliding_window_pattern=2, **common)
         assert "sliding_attention" in cfg.layer_types and "full_attention" in cfg.layer_types
         return Gemma3ForCausalLM(cfg).eval()
+    if family == "lfm2":
+        from transformers import Lfm2Config, Lfm2ForCausalLM
+
+        # a short-conv layer (conv window state) and an attention layer (K/V)
+        cfg = Lfm2Config(num_hidden_layers=2, layer_types=["conv", "full_attention"], **common)
+        return Lfm2ForCausalLM(cfg).eval()
     raise ValueError(family)
 
 

@@ -1,4 +1,5 @@
-"""The graph-side KV cache and the two traced entry points (prefill, decode step).
+"""The graph-side cache (K/V and every other per-layer state) and the two traced entry
+points (prefill, decode step).
 
 Why a ``transformers.Cache`` subclass and not a re-implemented decoder: the user's model
 runs unpatched, through its own ``forward``. Its attention layers call
@@ -14,6 +15,11 @@ DYNAMIC_UPDATE_SLICE and no variables):
   once, see ``runner.py``).
 - prefill: ``update`` returns the keys/values of the prompt itself and records them.
 
+Other state goes through transformers' own cache calls the same way (``get_conv_state``,
+``update_conv_state``, ``update_recurrent_state``: LFM2's short convolutions, Mamba / Mamba-2
+conv windows and SSM states, linear attention): each becomes a named model input and a
+model output holding the next state (:class:`State`, ``carry="replace"``).
+
 The attention mask is built here and passed as a prepared 4-D mask (or a dict of them
 per layer type for models with sliding-window layers), which ``transformers`` uses
 as-is: HF's own mask construction needs ``arange``/run-time sizes that onert lacks.
@@ -27,22 +33,69 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 
 class GraphCache(Cache):
-    """Functional KV cache for tracing: ``past`` maps a layer index to its cache inputs
-    ``(keys, values)`` ([1, heads, max_seq_len, dim], each layer its own shape) or is None
-    (prefill, no past). ``new`` records what each layer handed to ``update``: the layers
-    that cache (a layer that reuses another's K/V, Gemma 3n / 4, never calls it)."""
+    """Functional per-layer state for tracing. ``past`` maps a :class:`State`'s key
+    ``(kind, layer, index)`` to its model input, or is None (prefill: no past). ``new``
+    records each state's next value, as the model hands it over:
+
+    - ``update(k, v, layer)`` (attention): the new K/V rows; returns past + new rows;
+    - ``update_conv_state(x, layer, state_idx)`` (short convolutions: LFM2, Mamba's conv1d):
+      the last ``conv_kernel_size`` columns of past + ``x``; returns past + ``x`` as
+      transformers' ``LinearAttentionLayer`` does;
+    - ``update_recurrent_state(s, layer, state_idx)`` (SSM / linear-attention states): ``s``.
+
+    ``get_conv_state``/``get_recurrent_state`` hand out a *clone* of the input (the model's
+    fused single-step kernels update it in place with ``copy_``, which torch.export turns into
+    a new value); that clone is the next state unless an ``update_*`` call replaces it. A layer
+    that reuses another's K/V (Gemma 3n / 4) never calls ``update`` and has no state."""
 
     def __init__(self, num_layers: int, past: dict | None = None):
         super().__init__(layers=[DynamicLayer() for _ in range(num_layers)])
         self.past = past
-        self.new: dict[int, tuple] = {}
+        self.new: dict[tuple, torch.Tensor] = {}
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self.new[layer_idx] = (key_states, value_states)
+        self.new[("key", layer_idx, 0)], self.new[("value", layer_idx, 0)] = key_states, value_states
         if self.past is None:
             return key_states, value_states
-        past_k, past_v = self.past[layer_idx]
+        past_k, past_v = self.past[("key", layer_idx, 0)], self.past[("value", layer_idx, 0)]
         return torch.cat([past_k, key_states], dim=2), torch.cat([past_v, value_states], dim=2)
+
+    def _get(self, kind, layer_idx, state_idx):
+        if self.past is None:
+            return None
+        state = self.past[(kind, layer_idx, state_idx)].clone()
+        self.new[(kind, layer_idx, state_idx)] = state
+        return state
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0):
+        return self._get("conv", layer_idx, state_idx)
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0):
+        return self._get("recurrent", layer_idx, state_idx)
+
+    def update_conv_state(self, conv_states, layer_idx: int, state_idx: int = 0, conv_kernel_size=None, **kwargs):
+        key = ("conv", layer_idx, state_idx)
+        if self.past is None:
+            width = conv_kernel_size or conv_states.shape[-1]
+            full = conv_states
+            if full.shape[-1] < width:
+                full = torch.nn.functional.pad(full, (width - full.shape[-1], 0))
+        else:
+            past = self.past[key]
+            width = past.shape[-1]
+            full = torch.cat([past, conv_states], dim=-1)
+        self.new[key] = full[..., -width:]
+        return full
+
+    def update_recurrent_state(self, recurrent_states, layer_idx: int, state_idx: int = 0, **kwargs):
+        self.new[("recurrent", layer_idx, state_idx)] = recurrent_states
+        return recurrent_states
+
+    def has_previous_state(self, layer_idx=None, state_idx=None) -> bool:
+        return self.past is not None
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return False
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # never asked for once a prepared mask and position_ids are given
@@ -51,33 +104,60 @@ class GraphCache(Cache):
         raise AssertionError("circle_fx passes prepared masks; transformers should not build one")
 
 
+#: how the host carries a state from one call to the next (manifest ``cache.states[].carry``)
+AT_POSITION, REPLACE = "position", "replace"
+
+
 @dataclass(frozen=True)
-class LayerCache:
-    """The K/V cache of one layer, as the model hands it to ``Cache.update``: heads and dims
-    are read from the model's own tensors, per layer and separately for K and V (per-layer
-    head_dim, Gemma 4; MLA's compressed latents, DeepSeek-V3: K = the kv_lora_rank latent, V =
-    the rotary key part), never from the config."""
+class State:
+    """One named state tensor of one layer, as the model hands it to the cache: K/V (heads and
+    dims read from the model's own tensors, per layer and separately for K and V: Gemma 4's
+    per-layer head_dim, MLA's latents) or a conv window / recurrent state.
 
+    ``carry``: ``"position"`` = the model outputs new rows (axis 2) that the host writes at the
+    token's position (K/V, ``shape`` has ``max_seq_len`` rows); ``"replace"`` = the model outputs
+    the whole next state, which replaces the input (conv windows, SSM / linear-attention states)."""
+
+    kind: str  # "key", "value", "conv", "recurrent"
     layer: int
-    key_heads: int
-    key_dim: int
-    value_heads: int
-    value_dim: int
+    index: int  # transformers' state_idx (a layer may hold several conv / recurrent states)
+    shape: tuple
+    carry: str
 
-    def shapes(self, rows: int) -> tuple[list[int], list[int]]:
-        return [1, self.key_heads, rows, self.key_dim], [1, self.value_heads, rows, self.value_dim]
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.layer, self.index)
+
+    def _suffix(self) -> str:
+        return f"{self.layer}" + (f"_{self.index}" if self.index else "")
+
+    @property
+    def name(self) -> str:
+        """The model input (and the host's buffer): ``key_cache_3``, ``conv_cache_0``, ``recurrent_cache_2_1``."""
+        return f"{self.kind}_cache_{self._suffix()}"
+
+    @property
+    def output(self) -> str:
+        """The model output holding the new rows / the next state: ``key_3``, ``conv_0``."""
+        return f"{self.kind}_{self._suffix()}"
 
 
-def probe_caches(model, spec) -> list[LayerCache]:
-    """Run the prefill wrapper once in eager (a prompt of zeros) and read what each layer
-    caches; the shapes of the traced models' cache inputs and outputs follow from it."""
+_ORDER = {"key": 0, "value": 1, "conv": 2, "recurrent": 3}
+
+
+def probe_caches(model, spec) -> list[State]:
+    """Run the prefill wrapper once in eager (a prompt of zeros) and read every state each
+    layer hands to the cache; the shapes of the traced models' state inputs and outputs
+    follow from it (K/V: ``max_seq_len`` rows; other states: as handed over)."""
     with torch.no_grad():
         _, cache = Prefill(model, spec).run_cache(torch.zeros(1, spec.prefill_len, dtype=torch.int32),
                                                torch.zeros(1, dtype=torch.int32))
     out = []
-    for i in sorted(cache.new):
-        k, v = cache.new[i]
-        out.append(LayerCache(i, int(k.shape[1]), int(k.shape[3]), int(v.shape[1]), int(v.shape[3])))
+    for (kind, layer, index), t in sorted(cache.new.items(), key=lambda kv: (kv[0][1], kv[0][2], _ORDER[kv[0][0]])):
+        if kind in ("key", "value"):
+            out.append(State(kind, layer, index, (1, int(t.shape[1]), spec.max_seq_len, int(t.shape[3])), AT_POSITION))
+        else:
+            out.append(State(kind, layer, index, tuple(int(d) for d in t.shape), REPLACE))
     return out
 
 
@@ -95,13 +175,28 @@ def _as_mask(visible: torch.Tensor, float_mask: bool, dtype) -> torch.Tensor:
     return torch.where(visible, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype))
 
 
+#: layer types whose layers attend (and take a 4-D mask); the model's other layer types
+#: (state layers: ``conv``, ``linear_attention``, ...) take transformers' 2-D padding mask,
+#: which is None here: prefill is never padded for models with such state (``State``)
+ATTENTION_KINDS = ("full_attention", "sliding_attention")
+#: ``hybrid``: attention and an SSM side by side in one layer (Falcon-H1), which reads
+#: ``mask["full_attention"]`` and ``mask["linear_attention"]``
+STATE_KINDS = ("conv", "linear_attention", "mamba", "hybrid")
+#: layers that hold no state and take no mask (Nemotron-H's MLP / MoE layers)
+STATELESS_KINDS = ("mlp", "moe")
+
+
 def _masks(config, visible_full, visible_sliding, float_mask, dtype):
     kinds = layer_kinds(config)
+    if kinds is not None and not set(kinds) & {*ATTENTION_KINDS, "hybrid"}:
+        return None  # no layer attends (Mamba): no 4-D mask; no padding, so no 2-D one either
     if kinds is None:  # one mask for every layer (sliding when the config has a window, e.g. Mistral)
         return _as_mask(visible_sliding, float_mask, dtype)
-    full = _as_mask(visible_full, float_mask, dtype)
-    out = {"full_attention": full}
-    if "sliding_attention" in kinds:  # export_llm has rejected any other layer type
+    # state layers' 2-D padding masks (also under the keys a hybrid layer reads); export_llm
+    # has rejected the kinds it cannot drive
+    out = {kind: None for kind in (*kinds, *STATE_KINDS, *STATELESS_KINDS)}
+    out["full_attention"] = _as_mask(visible_full, float_mask, dtype)
+    if "sliding_attention" in kinds:
         out["sliding_attention"] = _as_mask(visible_sliding, float_mask, dtype)
     return out
 
@@ -111,8 +206,8 @@ def _call(model, cache_kw, **kwargs):
 
 
 class DecodeStep(torch.nn.Module):
-    """One token: ``(input_ids [1,1], position [1], key_cache_0, value_cache_0, ...)`` ->
-    ``{"logits": [1,1,V], "key_0": [1,Hkv,1,D], "value_0": ..., ...}``."""
+    """One token: ``(input_ids [1,1], position [1], key_cache_0, value_cache_0, conv_cache_1, ...)``
+    -> ``{"logits": [1,1,V], "key_0": [1,Hkv,1,D], "value_0": ..., "conv_1": next state, ...}``."""
 
     def __init__(self, model, spec):
         super().__init__()
@@ -127,7 +222,7 @@ class DecodeStep(torch.nn.Module):
 
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
-        cache = GraphCache(L, {c.layer: (caches[2 * j], caches[2 * j + 1]) for j, c in enumerate(spec.caches)})
+        cache = GraphCache(L, {c.key: t for c, t in zip(spec.caches, caches)})
         full = self.lo < position
         sliding = full & (self.hi > position - spec.sliding_window) if spec.sliding_window else full
         shape = (1, 1, 1, spec.max_seq_len + 1)
@@ -168,8 +263,9 @@ class Prefill(torch.nn.Module):
 
 
 def _outputs(out, cache: GraphCache, spec) -> dict:
-    """``logits`` and the new rows of every caching layer (``key_i``/``value_i``, i = the layer)."""
+    """``logits`` and each state's output (:attr:`State.output`): the new K/V rows, the next
+    conv / recurrent states."""
     result = {"logits": out.logits}
     for c in spec.caches:
-        result[f"key_{c.layer}"], result[f"value_{c.layer}"] = cache.new[c.layer]
+        result[c.output] = cache.new[c.key]
     return result

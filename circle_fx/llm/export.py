@@ -37,9 +37,10 @@ from .package import LLMPackage
 from .text import default_tokenizer, text_assets
 
 try:
-    from .cache import DecodeStep, Prefill, layer_kinds, probe_caches
+    from .cache import ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, layer_kinds, probe_caches
 except ImportError as _e:  # transformers is an optional extra of circle_fx
     DecodeStep = Prefill = layer_kinds = probe_caches = None
+    ATTENTION_KINDS = STATE_KINDS = STATELESS_KINDS = ()
     _MISSING = _e
 
 
@@ -55,11 +56,19 @@ class LLMSpec:
     float_mask: bool
     torch_dtype: torch.dtype
     cache_kw: str
-    #: the caching layers and their K/V geometry (:func:`~circle_fx.llm.cache.probe_caches`)
+    #: every layer's named state tensors (:class:`~circle_fx.llm.cache.State`: K/V with their
+    #: geometry, conv windows, recurrent states), read by :func:`~circle_fx.llm.cache.probe_caches`
     caches: list = field(default_factory=list)
 
     def cache_names(self) -> list[str]:
-        return [f"{kind}_cache_{c.layer}" for c in self.caches for kind in ("key", "value")]
+        return [c.name for c in self.caches]
+
+    @property
+    def prefill_pads(self) -> bool:
+        """Can a shorter prompt be right-padded in the prefill model? Only if every state is
+        written at positions (K/V): a conv window or recurrent state after P tokens is not the
+        state after the prompt's last real token."""
+        return all(c.carry == "position" for c in self.caches)
 
 
 def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
@@ -86,9 +95,10 @@ def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
         raise InputError(f"attention implementation {impl!r} is not supported; load the model with "
                          "attn_implementation='sdpa' or 'eager'")
     kinds = layer_kinds(cfg)
-    if kinds is not None and set(kinds) - {"full_attention", "sliding_attention"}:
-        raise InputError(f"layer types {sorted(set(kinds) - {'full_attention', 'sliding_attention'})} are not "
-                         "supported (only full and sliding-window attention)")
+    known = ATTENTION_KINDS + STATE_KINDS + STATELESS_KINDS
+    if kinds is not None and set(kinds) - set(known):
+        raise InputError(f"layer types {sorted(set(kinds) - set(known))} are not supported (supported: "
+                         f"{', '.join(known)})")
     sliding = None
     if (kinds is not None and "sliding_attention" in kinds) or (kinds is None and getattr(cfg, "sliding_window", None)):
         sliding = int(cfg.sliding_window)
@@ -156,7 +166,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
             pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
         if not rope_op:  # the RoPE family is in the default pipeline; it fuses only the decode model
             decode_pipe.remove_pass("fuse_rope")
-        caches = [torch.zeros(shape, dtype=spec.torch_dtype) for c in spec.caches for shape in c.shapes(S)]
+        caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
         ids1 = torch.zeros(1, 1, dtype=torch.int32)
         pos = torch.zeros(1, dtype=torch.int32)
         with model_errors(model):
@@ -208,28 +218,29 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
     pad = getattr(gen, "pad_token_id", None) if gen is not None else None
     if pad is None:
         pad = getattr(cfg, "pad_token_id", None)
-    shapes = {n: shape for c in spec.caches
-              for n, shape in zip((f"key_cache_{c.layer}", f"value_cache_{c.layer}"), c.shapes(spec.max_seq_len))}
-    uniform = next(iter(shapes.values())) if len({tuple(v) for v in shapes.values()}) == 1 else None
-    layers = [c.layer for c in spec.caches]
+    shapes = {c.name: list(c.shape) for c in spec.caches}
+    kv = [list(c.shape) for c in spec.caches if c.kind in ("key", "value")]
+    kv_uniform = kv[0] if kv and len({tuple(v) for v in kv}) == 1 else None
+    uniform = kv_uniform if len(kv) == len(shapes) else None
     return {
         "format": mf.FORMAT, "version": mf.VERSION,
         "model": {"architecture": type(model).__name__, "model_type": getattr(cfg, "model_type", None),
                   "vocab_size": spec.vocab_size, "num_layers": spec.num_layers,
-                  "num_kv_heads": uniform[1] if uniform else None, "head_dim": uniform[3] if uniform else None,
+                  "num_kv_heads": kv_uniform[1] if kv_uniform else None,
+                  "head_dim": kv_uniform[3] if kv_uniform else None,
                   "dtype": "float32"},
         "max_seq_len": spec.max_seq_len, "prefill_len": spec.prefill_len, "sliding_window": spec.sliding_window,
         "eos_token_ids": eos, "bos_token_id": getattr(cfg, "bos_token_id", None),
         "pad_token_id": int(pad) if isinstance(pad, int) else None,
         "cache": {"layout": "BHSD", "shape": uniform, "shapes": shapes, "dtype": "float32", "initial": 0.0,
-                  "names": spec.cache_names()},
-        "prefill": {"file": "prefill.circle", "limits": prefill.builder.limits,
+                  "names": spec.cache_names(), "states": mf.states(spec.caches)},
+        "prefill": {"file": "prefill.circle", "limits": prefill.builder.limits, "pads": spec.prefill_pads,
                     "inputs": mf.io_entries(prefill.builder, "inputs"),
                     "outputs": mf.io_entries(prefill.builder, "outputs"),
-                    "cache_writes": mf.cache_writes(layers, "0..length-1 -> positions 0..length-1",
+                    "cache_writes": mf.cache_writes(spec.caches, "0..length-1 -> positions 0..length-1",
                                                     0, "length")},
         "decode": {"file": "decode.circle", "limits": decode.builder.limits,
                    "inputs": mf.io_entries(decode.builder, "inputs"),
                    "outputs": mf.io_entries(decode.builder, "outputs"),
-                   "cache_writes": mf.cache_writes(layers, "0 -> position", "position", 1)},
+                   "cache_writes": mf.cache_writes(spec.caches, "0 -> position", "position", 1)},
     }

@@ -13,10 +13,15 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
       "sliding_window": W | null,  # handled by the masks inside the models (no host work)
       "eos_token_ids": [...], "bos_token_id": b | null, "pad_token_id": p | null,
       "cache": {"layout": "BHSD", "dtype": "float32", "initial": 0.0,
-                "names": ["key_cache_0", "value_cache_0", ...],   # 2 per caching layer, in this order
-                "shapes": {"key_cache_0": [1, H, S, D], ...},     # each cache's own shape
-                "shape": [1, H, S, D] | null},                    # the shape when all are equal
-      "prefill": {"file": "prefill.circle", "inputs": [IO...], "outputs": [IO...],
+                "names": ["key_cache_0", "value_cache_0", "conv_cache_1", ...],  # every state, input order
+                "shapes": {"key_cache_0": [1, H, S, D], ...},     # each state's own shape
+                "shape": [1, H, S, D] | null,                     # the shape when all are equal K/V
+                "states": [{"name": "conv_cache_1", "output": "conv_1", "kind": "conv",  # key/value/conv/recurrent
+                            "layer": 1, "index": 0,               # transformers' layer_idx / state_idx
+                            "shape": [...], "dtype": "float32",
+                            "carry": "replace" | "position"}, ...]},
+      "prefill": {"file": "prefill.circle", "pads": true | false,   # false: exact-length prompts only
+                  "inputs": [IO...], "outputs": [IO...],
                   "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
                                     "first_cache_row": 0, "count": "length",
                                     "rows": "0..length-1 -> positions 0..length-1"}, ...]},
@@ -55,6 +60,14 @@ default, whose multithreaded CONV_2D speeds up prefill).
 ``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
 slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
 
+States are what each layer hands to transformers' cache (``Cache.update`` for K/V,
+``update_conv_state`` / ``update_recurrent_state`` for short-convolution windows and SSM /
+linear-attention states). ``carry: "position"`` (K/V): the outputs are new rows the host writes
+at the token's position (``cache_writes``); ``carry: "replace"``: the output is the whole next
+state, which replaces the input after every call. A model with any ``replace`` state has
+``prefill.pads`` false: a right-padded prompt would leave the state after the padding, so
+prefill takes exactly ``prefill_len`` ids and a shorter prompt goes through decode steps.
+
 Cache shapes are what each layer hands to transformers' ``Cache.update``, read per layer:
 they differ between layers (Gemma 4's per-layer head_dim) and between K and V (MLA caches
 its compressed latent as K and the shared rotary key as V, DeepSeek-V3); a layer that reuses
@@ -64,9 +77,11 @@ another layer's K/V (Gemma 3n / 4) has no cache, so ``i`` in ``key_cache_i`` is 
 2. prefill: ``input_ids`` [1,P] int32 = prompt right-padded with ``pad_token_id`` (any id
    works: padding never influences real tokens), ``last_index`` [1] int32 = length-1;
    run; copy rows ``0..length-1`` of each ``key_i``/``value_i`` output into its cache at
-   the same positions; ``logits`` [1,1,V] are the next-token logits;
+   the same positions, and each ``replace`` state's output over its input; ``logits`` [1,1,V]
+   are the next-token logits;
 3. decode at position ``p`` (``p < S``): ``input_ids`` [1,1], ``position`` [1] = p; run;
-   write row 0 of every ``key_i``/``value_i`` output into its cache at row ``p``.
+   write row 0 of every ``key_i``/``value_i`` output into its cache at row ``p``, and copy
+   each ``replace`` state's output over its input.
 
 Text: encode a plain prompt with the tokenizer's own special tokens (its post-processor adds
 BOS if the model wants one); a chat prompt is the template rendered with ``messages``,
@@ -102,13 +117,26 @@ def io_entries(builder, which: str) -> list[dict]:
     return out
 
 
-def cache_writes(layers: list[int], rows: str, first_cache_row, count) -> list[dict]:
-    """One entry per cache: output rows ``0..count-1`` (along ``axis``) go to cache rows
-    ``first_cache_row..``; ``first_cache_row``/``count`` are ints or the names of run-time
-    values (``"position"``, ``"length"``); ``rows`` says the same in words."""
-    return [{"output": f"{kind}_{i}", "cache": f"{kind}_cache_{i}", "axis": 2, "first_cache_row": first_cache_row,
-             "count": count, "rows": rows}
-            for i in layers for kind in ("key", "value")]
+def states(caches) -> list[dict]:
+    """One entry per state tensor (:class:`~circle_fx.llm.cache.State`): what it is and how the
+    host carries it between calls."""
+    return [{"name": c.name, "output": c.output, "kind": c.kind, "layer": c.layer, "index": c.index,
+             "shape": list(c.shape), "dtype": "float32", "carry": c.carry} for c in caches]
+
+
+def cache_writes(caches, rows: str, first_cache_row, count) -> list[dict]:
+    """One entry per state. ``carry: "position"`` (K/V): output rows ``0..count-1`` (along
+    ``axis``) go to cache rows ``first_cache_row..``; ``first_cache_row``/``count`` are ints or
+    the names of run-time values (``"position"``, ``"length"``); ``rows`` says the same in words.
+    ``carry: "replace"`` (conv / recurrent states): the output is the whole next state."""
+    out = []
+    for c in caches:
+        if c.carry == "position":
+            out.append({"output": c.output, "cache": c.name, "carry": c.carry, "axis": 2,
+                        "first_cache_row": first_cache_row, "count": count, "rows": rows})
+        else:
+            out.append({"output": c.output, "cache": c.name, "carry": c.carry})
+    return out
 
 
 #: why a package with GGML weights asks for one onert thread (``weights.num_threads_why``)

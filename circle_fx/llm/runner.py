@@ -79,7 +79,9 @@ class LLMRunner:
         names = m["cache"]["names"]
         shapes = m["cache"].get("shapes") or {n: m["cache"]["shape"] for n in names}
         self.caches = {n: np.zeros(shapes[n], np.float32) for n in names}
-        self._writes = [(w["output"], w["cache"]) for w in m["decode"]["cache_writes"]]
+        self._writes = [(w["output"], w["cache"], w.get("carry", "position")) for w in m["decode"]["cache_writes"]]
+        # a model with conv / recurrent states prefills exact prompts only (manifest prefill.pads)
+        self.prefill_pads = m["prefill"].get("pads", True)
         # bound once; later only written in place
         self._id = np.zeros((1, 1), np.int32)
         self._pos = np.zeros((1,), np.int32)
@@ -111,8 +113,14 @@ class LLMRunner:
         self._pids[0, :n] = ids
         self._plast[0] = n - 1
         self.prefill.run()
-        for out, cache in self._writes:
-            self.caches[cache][:, :, :n, :] = self.prefill.output(self._pout[out])[:, :, :n, :]
+        if n < self.prefill_len and not self.prefill_pads:
+            raise InputError(f"this model carries conv / recurrent state: its prefill takes exactly "
+                             f"{self.prefill_len} ids (a padded prompt would leave the state after the padding), got {n}")
+        for out, cache, carry in self._writes:
+            if carry == "position":
+                self.caches[cache][:, :, :n, :] = self.prefill.output(self._pout[out])[:, :, :n, :]
+            else:
+                self.caches[cache][...] = self.prefill.output(self._pout[out])
         return self.prefill.output(self._pout["logits"]).reshape(-1)
 
     def step(self, token: int, position: int) -> np.ndarray:
@@ -125,8 +133,11 @@ class LLMRunner:
         self._id[0, 0] = token
         self._pos[0] = position
         self.decode.run()
-        for out, cache in self._writes:
-            self.caches[cache][:, :, position, :] = self.decode.output(self._dout[out])[:, :, 0, :]
+        for out, cache, carry in self._writes:
+            if carry == "position":
+                self.caches[cache][:, :, position, :] = self.decode.output(self._dout[out])[:, :, 0, :]
+            else:
+                self.caches[cache][...] = self.decode.output(self._dout[out])
         return self.decode.output(self._dout["logits"]).reshape(-1)
 
     # ------------------------------------------------------------ generation
@@ -150,7 +161,9 @@ class LLMRunner:
         manifest's; pass ``[]`` to never stop early). ``return_logits=True`` returns
         ``(tokens, logits)`` with the [V] logits each new token was picked from.
         ``use_prefill``: run the prompt through the prefill model (True) or through decode
-        steps one token at a time (False); None picks by cost, see :meth:`prefill_pays`.
+        steps one token at a time (False); None picks by cost, see :meth:`prefill_pays`. A
+        model with conv / recurrent state (manifest ``prefill.pads`` false) prefills only a
+        prompt of at least ``prefill_len`` tokens; a shorter one always goes through decode steps.
         Both give the same tokens. ``sampling``: ``do_sample``, ``temperature``, ``top_k``,
         ``top_p``, ``repetition_penalty``, ``seed`` with transformers' meaning
         (:mod:`circle_fx.llm.sampling`).
@@ -189,6 +202,8 @@ class LLMRunner:
         self.reset()
         prefill = self.prefill_pays(len(ids)) if use_prefill is None else use_prefill
         head = ids[:self.prefill_len] if prefill else []
+        if len(head) < self.prefill_len and not self.prefill_pads:
+            head = []  # conv / recurrent state: prefill only exact prompts, else decode steps
         logits = self.run_prefill(head) if head else None
         for p in range(len(head), len(ids)):  # decode steps: a short prompt, or one longer than the prefill model
             logits = self.step(ids[p], p)
