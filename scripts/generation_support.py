@@ -15,7 +15,13 @@ each family that ``circle_fx.export`` runs (its row in ``docs/model-support.json
   decode steps only; :data:`NEW_TOKENS` greedy tokens with no EOS, compared token for token
   (the logits each token was picked from are compared too: the largest difference is reported);
 - EOS: the token transformers generates third becomes the EOS id of both, which must then stop
-  at the same place (transformers includes the EOS token in the output; so must the runner).
+  at the same place (transformers includes the EOS token in the output; so must the runner);
+- the generation config's logits processors (forced EOS / BOS, suppressed or bad words, n-gram
+  and repetition penalties) are off in the reference (:data:`NO_PROCESSORS`): the runner's greedy
+  applies none, so both sides pick the plain argmax.
+
+A model with conv / recurrent state (``prefill.pads`` false in its manifest) prefills only a
+prompt of at least ``prefill_len`` tokens: its short prompt goes through decode steps both times.
 
 Each family runs in its own forked process with a timeout (``model_support.run_all``), so a
 crash or hang in one cannot stop the table. Families whose ``export`` fails are listed with
@@ -56,13 +62,23 @@ def _export_rows() -> dict[str, dict]:
         return {r["family"]: r for r in json.load(fh)}
 
 
+#: logits processors a model's generation config may switch on (BART / Marian / Pegasus set
+#: ``forced_eos_token_id``: the last token allowed by ``max_new_tokens`` is forced to EOS) are
+#: switched off in the reference, because ``LLMRunner.generate`` applies none of them: both
+#: sides then pick the plain argmax and stop only at the EOS ids given (the comparison is of
+#: the models, not of generation-config policies)
+NO_PROCESSORS = dict(forced_bos_token_id=None, forced_eos_token_id=None, suppress_tokens=None,
+                     begin_suppress_tokens=None, bad_words_ids=None, no_repeat_ngram_size=None,
+                     repetition_penalty=None)
+
+
 def _hf_generate(model, ids: list[int], eos):
     import torch
 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True, **NO_PROCESSORS)
     return out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
 
 
@@ -154,6 +170,9 @@ def markdown(rows: list[dict]) -> str:
         f"`prefill_len` ({len(PROMPTS['short'])} tokens) and one longer ({len(PROMPTS['long'])}), each through the "
         f"prefill model and through decode steps only, {NEW_TOKENS} new tokens compared token for token; then the",
         "token transformers generates third is made the EOS id of both, which must stop at the same place.",
+        "The generation config's logits processors (e.g. BART's `forced_eos_token_id`) are off in the",
+        "reference, as in the runner's greedy. Models with conv / recurrent state prefill exact-length",
+        "prompts only: their short prompt goes through decode steps.",
         "",
         f"**{len(ok)} of {len(exported)} families that `export` runs generate transformers' exact tokens.**",
         "",
