@@ -36,6 +36,7 @@ from ..fx_utils import dtype_of, make_node, number, shape_of, static_shape
 from ..ops_nhwc import conv2d_nhwc
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
+from ._conv_forms import check_no_activation, conv, conv_node, conv_read_by, ncl, nchw, rewrap
 from .registry import Candidate, FusionFamily, register_family
 
 aten = torch.ops.aten
@@ -96,36 +97,28 @@ class _BatchNormArgs:
 
 # --------------------------------------------------------------------------- patterns
 
-def _conv(x, w, b, stride, pads, dilation, groups):
-    return conv2d_nhwc(x, w, b, stride, pads, dilation, groups)
-
-
 def conv2d_scale(x, w, b, stride, pads, dilation, groups, perm, s):
-    return aten.mul.Tensor(aten.permute.default(_conv(x, w, b, stride, pads, dilation, groups), perm), s)
+    return aten.mul.Tensor(nchw(x, w, b, stride, pads, dilation, groups, perm), s)
 
 
 def conv2d_shift(x, w, b, stride, pads, dilation, groups, perm, t):
-    return aten.add.Tensor(aten.permute.default(_conv(x, w, b, stride, pads, dilation, groups), perm), t)
+    return aten.add.Tensor(nchw(x, w, b, stride, pads, dilation, groups, perm), t)
 
 
 def nhwc_scale(x, w, b, stride, pads, dilation, groups, s):
-    return aten.mul.Tensor(_conv(x, w, b, stride, pads, dilation, groups), s)
+    return aten.mul.Tensor(conv(x, w, b, stride, pads, dilation, groups), s)
 
 
 def nhwc_shift(x, w, b, stride, pads, dilation, groups, t):
-    return aten.add.Tensor(_conv(x, w, b, stride, pads, dilation, groups), t)
-
-
-def _squeezed(x, w, b, stride, pads, dilation, groups, perm):
-    return aten.permute.default(aten.squeeze.dim(_conv(x, w, b, stride, pads, dilation, groups), 1), perm)
+    return aten.add.Tensor(conv(x, w, b, stride, pads, dilation, groups), t)
 
 
 def conv1d_scale(x, w, b, stride, pads, dilation, groups, perm, s):
-    return aten.mul.Tensor(_squeezed(x, w, b, stride, pads, dilation, groups, perm), s)
+    return aten.mul.Tensor(ncl(x, w, b, stride, pads, dilation, groups, perm), s)
 
 
 def conv1d_shift(x, w, b, stride, pads, dilation, groups, perm, t):
-    return aten.add.Tensor(_squeezed(x, w, b, stride, pads, dilation, groups, perm), t)
+    return aten.add.Tensor(ncl(x, w, b, stride, pads, dilation, groups, perm), t)
 
 
 # --------------------------------------------------------------------------- checks
@@ -185,13 +178,7 @@ def _check_per_channel(m):
     return None
 
 
-def _check_no_activation(m):
-    conv = next(n for n in m.nodes if n.target is conv2d_nhwc)
-    act = conv.args[7] if len(conv.args) > 7 else conv.kwargs.get("activation", "none")
-    return None if act == "none" else f"the convolution already applies {act} to its result"
-
-
-_CHECKS = (_check_float, _check_constant_weights, _check_no_activation, _check_per_channel)
+_CHECKS = (_check_float, _check_constant_weights, check_no_activation, _check_per_channel)
 
 
 # --------------------------------------------------------------------------- replacement
@@ -201,7 +188,7 @@ def _flat(g, v, like):
 
 
 def _replace(m, g: fx.Graph):
-    conv = next(n for n in m.nodes if n.target is conv2d_nhwc)
+    conv = conv_node(m)
     w, b = m["w"], m["b"]
     channels = static_shape(conv)[-1]
     s = m["s"] if "s" in m.bindings else None
@@ -215,19 +202,7 @@ def _replace(m, g: fx.Graph):
         b = make_node(g, aten.mul.Tensor, (b, _flat(g, s, conv)), like=conv)
     if t is not None:
         b = make_node(g, aten.add.Tensor, (b, _flat(g, t, conv)), like=conv)
-    # the folded weight and bias keep their shapes, so every new node keeps the value (shape,
-    # dtype) of the node it stands for (re-inferring would turn constant dims symbolic)
-    new = make_node(g, conv2d_nhwc, (m["x"], w, b, *conv.args[3:]), like=conv)
-    new.meta["val"] = conv.meta["val"]
-    squeeze = next((n for n in m.nodes if n.target is aten.squeeze.dim), None)
-    if squeeze is not None:
-        new = make_node(g, aten.squeeze.dim, (new, 1), like=m.root)
-        new.meta["val"] = squeeze.meta["val"]
-    if "perm" not in m.bindings:
-        return new
-    out = make_node(g, aten.permute.default, (new, m["perm"]), like=m.root)
-    out.meta["val"] = m.root.meta["val"]
-    return out
+    return rewrap(m, g, make_node(g, conv2d_nhwc, (m["x"], w, b, *conv.args[3:]), like=conv))
 
 
 RULES = [Rewrite(fn.__name__, Pattern(fn), _replace, _CHECKS, produces="conv_batch_norm")
@@ -237,11 +212,7 @@ RULES = [Rewrite(fn.__name__, Pattern(fn), _replace, _CHECKS, produces="conv_bat
 def _scaled_conv(n: fx.Node) -> bool:
     """A convolution (or its permute back to NCHW) whose result an unfused MUL / ADD reads
     (the layout pass moves the permute behind constant ones: the NHWC rules explain those)."""
-    src = n.args[0] if n.target in (aten.permute.default, aten.squeeze.dim) and n.args else n
-    if isinstance(src, fx.Node) and src.target is aten.squeeze.dim:
-        src = src.args[0]
-    return (isinstance(src, fx.Node) and src.target is conv2d_nhwc
-            and any(u.target in (aten.mul.Tensor, aten.add.Tensor) for u in n.users))
+    return conv_read_by(n, (aten.mul.Tensor, aten.add.Tensor))
 
 
 FAMILY = register_family(FusionFamily(

@@ -24,49 +24,34 @@ from ..fx_utils import dtype_of, make_node, number
 from ..ops_nhwc import conv2d_nhwc
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
+from ._conv_forms import check_no_activation, conv, conv_node, conv_read_by, ncl, nchw, rewrap
 from .registry import Candidate, FusionFamily, register_family
 
 aten = torch.ops.aten
 
 
-def _conv(x, w, b, stride, pads, dilation, groups):
-    return conv2d_nhwc(x, w, b, stride, pads, dilation, groups)
-
-
-def _nchw(x, w, b, stride, pads, dilation, groups, perm):
-    return aten.permute.default(_conv(x, w, b, stride, pads, dilation, groups), perm)
-
-
-def _ncl(x, w, b, stride, pads, dilation, groups, perm):
-    return aten.permute.default(aten.squeeze.dim(_conv(x, w, b, stride, pads, dilation, groups), 1), perm)
-
-
 def conv2d_relu(x, w, b, stride, pads, dilation, groups, perm):
-    return aten.relu.default(_nchw(x, w, b, stride, pads, dilation, groups, perm))
+    return aten.relu.default(nchw(x, w, b, stride, pads, dilation, groups, perm))
 
 
 def conv2d_clamp(x, w, b, stride, pads, dilation, groups, perm, lo, hi):
-    return aten.clamp.default(_nchw(x, w, b, stride, pads, dilation, groups, perm), lo, hi)
+    return aten.clamp.default(nchw(x, w, b, stride, pads, dilation, groups, perm), lo, hi)
 
 
 def conv1d_relu(x, w, b, stride, pads, dilation, groups, perm):
-    return aten.relu.default(_ncl(x, w, b, stride, pads, dilation, groups, perm))
+    return aten.relu.default(ncl(x, w, b, stride, pads, dilation, groups, perm))
 
 
 def conv1d_clamp(x, w, b, stride, pads, dilation, groups, perm, lo, hi):
-    return aten.clamp.default(_ncl(x, w, b, stride, pads, dilation, groups, perm), lo, hi)
+    return aten.clamp.default(ncl(x, w, b, stride, pads, dilation, groups, perm), lo, hi)
 
 
 def nhwc_relu(x, w, b, stride, pads, dilation, groups):
-    return aten.relu.default(_conv(x, w, b, stride, pads, dilation, groups))
+    return aten.relu.default(conv(x, w, b, stride, pads, dilation, groups))
 
 
 def nhwc_clamp(x, w, b, stride, pads, dilation, groups, lo, hi):
-    return aten.clamp.default(_conv(x, w, b, stride, pads, dilation, groups), lo, hi)
-
-
-def _conv_node(m) -> fx.Node:
-    return next(n for n in m.nodes if n.target is conv2d_nhwc)
+    return aten.clamp.default(conv(x, w, b, stride, pads, dilation, groups), lo, hi)
 
 
 def _activation(m) -> str | None:
@@ -90,35 +75,19 @@ def _check_bounds(m):
     return None
 
 
-def _check_no_activation(m):
-    conv = _conv_node(m)
-    act = conv.args[7] if len(conv.args) > 7 else conv.kwargs.get("activation", "none")
-    return None if act == "none" else f"the convolution already applies {act}"
-
-
 def _replace(m, g: fx.Graph):
-    conv = _conv_node(m)
-    new = make_node(g, conv2d_nhwc, (*conv.args[:7], _activation(m)), like=conv)
-    squeeze = next((n for n in m.nodes if n.target is aten.squeeze.dim), None)
-    if squeeze is not None:
-        new = make_node(g, aten.squeeze.dim, (new, 1), like=m.root)
-    if "perm" in m.bindings:
-        new = make_node(g, aten.permute.default, (new, m["perm"]), like=m.root)
-    return new
+    c = conv_node(m)
+    return rewrap(m, g, make_node(g, conv2d_nhwc, (*c.args[:7], _activation(m)), like=c))
 
 
-RULES = [Rewrite(fn.__name__, Pattern(fn), _replace, (_check_float, _check_bounds, _check_no_activation),
+RULES = [Rewrite(fn.__name__, Pattern(fn), _replace, (_check_float, _check_bounds, check_no_activation),
                  produces="fused_activation")
          for fn in (conv2d_relu, conv2d_clamp, conv1d_relu, conv1d_clamp, nhwc_relu, nhwc_clamp)]
 
 
 def _clamped_conv(n: fx.Node) -> bool:
     """A convolution (or its permute back to NCHW) that an unfused clamp reads."""
-    src = n.args[0] if n.target in (aten.permute.default, aten.squeeze.dim) and n.args else n
-    if isinstance(src, fx.Node) and src.target is aten.squeeze.dim:
-        src = src.args[0]
-    return (isinstance(src, fx.Node) and src.target is conv2d_nhwc
-            and any(u.target in (aten.relu.default, aten.clamp.default) for u in n.users))
+    return conv_read_by(n, (aten.relu.default, aten.clamp.default))
 
 
 FAMILY = register_family(FusionFamily(
