@@ -125,17 +125,9 @@ def main(argv: list[str]) -> int:
     import circle_fx.emit.lowerings  # noqa: F401
     import circle_fx.passes.decompose_unlowered  # noqa: F401
 
-    jobs, cache, partial = 1, None, False
-    while argv and argv[0].startswith("-"):
-        opt, argv = argv[0], argv[1:]
-        if opt.startswith("-j"):
-            jobs = int(opt[2:])
-        elif opt.startswith("--cache="):
-            cache = opt.split("=", 1)[1]
-        elif opt == "--render":
-            jobs = 0
-        elif opt == "--partial":  # docs from the rows the cache holds (a run cut short)
-            jobs, partial = 0, True
+    jobs, cache, given, argv = ms.options(argv, "--partial")  # --partial: the rows the cache holds
+    partial = "--partial" in given
+    jobs = 0 if partial else jobs
     all_fams = ef.enumerate_families()
     fams = [f for f in all_fams if f.model_type in argv] if argv else list(all_fams)
 
@@ -143,11 +135,7 @@ def main(argv: list[str]) -> int:
         print(f"{row['family']:44s} {row['status']:11s} {row.get('seconds', ''):>6} "
               f"{row.get('transposes', '')!s:>3} {row.get('reason', '')[:140]}", flush=True)
 
-    if partial:
-        known = ms._cached(cache)
-        rows = [known[f.model_type] for f in fams if f.model_type in known]
-    else:
-        rows = ms.gather(fams, jobs, cache, report, check_fn=check)
+    rows = ms.gather(fams, jobs, cache, report, check_fn=check, partial=partial)
     if rows is None:
         return 1
     ms.publish(rows, argv, os.path.join(ROOT, "docs", "encoder-support"),

@@ -213,15 +213,7 @@ def main(argv: list[str]) -> int:
     import circle_fx.emit.lowerings  # noqa: F401
     import circle_fx.llm  # noqa: F401
 
-    jobs, cache = 1, None
-    while argv and argv[0].startswith("-"):
-        opt, argv = argv[0], argv[1:]
-        if opt.startswith("-j"):
-            jobs = int(opt[2:])
-        elif opt.startswith("--cache="):
-            cache = opt.split("=", 1)[1]
-        elif opt == "--render":
-            jobs = 0
+    jobs, cache, _, argv = ms.options(argv)
     all_fams = families()
     fams = [f for f in all_fams if f.model_type in argv] if argv else all_fams
     exported = _export_rows()

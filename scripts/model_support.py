@@ -141,17 +141,39 @@ def _cached(path: str | None) -> dict[str, dict]:
         return {r["family"]: r for r in map(json.loads, filter(str.strip, fh))}
 
 
-def gather(fams: list[hf.HfFamily], jobs: int, cache: str | None, report, check_fn=None) -> list[dict] | None:
+def options(argv: list[str], *flags: str) -> tuple[int, str | None, set[str], list[str]]:
+    """The table scripts' shared command line: ``-jN`` (jobs), ``--cache=FILE``, ``--render``
+    (jobs 0: the docs from the cache alone) and the script's own boolean ``flags``, before the
+    family names. Returns (jobs, cache, the flags given, the names); an unknown option exits."""
+    jobs, cache, given = 1, None, set()
+    while argv and argv[0].startswith("-"):
+        opt, argv = argv[0], argv[1:]
+        if opt.startswith("-j"):
+            jobs = int(opt[2:])
+        elif opt.startswith("--cache="):
+            cache = opt.split("=", 1)[1]
+        elif opt == "--render":
+            jobs = 0
+        elif opt in flags:
+            given.add(opt)
+        else:
+            raise SystemExit(f"unknown option {opt!r}: -jN, --cache=FILE, --render{''.join(', ' + f for f in flags)}")
+    return jobs, cache, given, argv
+
+
+def gather(fams: list[hf.HfFamily], jobs: int, cache: str | None, report, check_fn=None,
+           partial: bool = False) -> list[dict] | None:
     """The rows of ``fams``: read from ``cache`` alone when ``jobs == 0`` (``--render``; None,
-    after naming the families it lacks, when it does not hold them all), else :func:`run_all`."""
+    after naming the families it lacks, when it does not hold them all; with ``partial``, the
+    rows it holds: a run cut short), else :func:`run_all`."""
     if jobs:
         return run_all(fams, jobs, report=report, cache=cache, check_fn=check_fn)
     known = _cached(cache)
     missing = [f.model_type for f in fams if f.model_type not in known]
-    if missing:
+    if missing and not partial:
         print(f"not in {cache}: {missing}")
         return None
-    return [known[f.model_type] for f in fams]
+    return [known[f.model_type] for f in fams if f.model_type in known]
 
 
 def publish(rows: list[dict], argv: list[str], base: str, markdown) -> None:
@@ -318,17 +340,8 @@ def main(argv: list[str]) -> int:
     import circle_fx.passes.complex_to_real  # noqa: F401
     import circle_fx.passes.decompose_unlowered  # noqa: F401
 
-    jobs, cache, reverse = 1, None, False
-    while argv and argv[0].startswith("-"):
-        opt, argv = argv[0], argv[1:]
-        if opt.startswith("-j"):
-            jobs = int(opt[2:])
-        elif opt.startswith("--cache="):
-            cache = opt.split("=", 1)[1]
-        elif opt == "--reverse":
-            reverse = True
-        elif opt == "--render":  # only write the docs from --cache (every family must be there)
-            jobs = 0
+    jobs, cache, given, argv = options(argv, "--reverse")  # --render: docs from --cache (every family there)
+    reverse = "--reverse" in given
     all_fams = hf.enumerate_families()
     fams = [f for f in all_fams if f.model_type in argv] if argv else list(all_fams)
     if reverse:
