@@ -14,7 +14,6 @@ the file's reference, and the top-1 agreement of the file with the fake-quant mo
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import time
@@ -37,20 +36,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     import torch
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     import checkpoint as ck
     import circle_fx
     from circle_fx.circle import reference
-    from circle_fx.quant import CircleQuantizer
+    from pt2e_accuracy import quantize, setup
 
-    model = ck.logits_model()
-    ev, cal = ck.eval_ids(args.tokens), ck.calibration_ids(args.tokens)
-    with torch.no_grad():
-        ref = model(ev)
-    gm = torch.export.export(model, (ev,), strict=False).module()
-    print(f"SmolLM2-135M-Instruct, {args.tokens} tokens of execmodel, calibration {len(cal)} x {args.tokens} tokens")
-    print()
+    ev, cal, ref, gm = setup(args.tokens)
     print("| variant | ppl fake-quant torch | top-1 vs float | ppl file (numpy reference) | top-1 vs float "
           "| file top-1 vs fake-quant | time |")
     print("|---|---|---|---|---|---|---|")
@@ -59,11 +51,8 @@ def main(argv=None) -> int:
         if args.only and args.only not in label:
             continue
         t = time.perf_counter()
-        prepared = prepare_pt2e(copy.deepcopy(gm), CircleQuantizer(**kwargs))
+        q = quantize(gm, cal, **kwargs)
         with torch.no_grad():
-            for ids in cal:
-                prepared(ids)
-            q = convert_pt2e(prepared)
             fq = q(ev)
         cm = circle_fx.export(q, (ev,), quant_target="npu")
         (logits,) = reference.run(cm.to_bytes(), [ev.numpy()])

@@ -53,6 +53,24 @@ def quantize(gm, calibration, **kwargs):
     return convert_pt2e(prepared)
 
 
+def setup(tokens: int):
+    """The checkpoint as a PT2E benchmark starts from it: evaluation ids (``tokens`` of
+    execmodel), calibration batches, the float eager logits and the exported module; prints
+    the table's heading line."""
+    import torch
+
+    import checkpoint as ck
+
+    model = ck.logits_model()
+    ev, cal = ck.eval_ids(tokens), ck.calibration_ids(tokens)
+    with torch.no_grad():
+        ref = model(ev)
+    gm = torch.export.export(model, (ev,), strict=False).module()
+    print(f"SmolLM2-135M-Instruct, {tokens} tokens of execmodel, calibration {len(cal)} x {tokens} tokens")
+    print()
+    return ev, cal, ref, gm
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=512)
@@ -65,13 +83,7 @@ def main(argv=None) -> int:
     import checkpoint as ck
     import circle_fx
 
-    model = ck.logits_model()
-    ev, cal = ck.eval_ids(args.tokens), ck.calibration_ids(args.tokens)
-    with torch.no_grad():
-        ref = model(ev)
-    gm = torch.export.export(model, (ev,), strict=False).module()
-    print(f"SmolLM2-135M-Instruct, {args.tokens} tokens of execmodel, calibration {len(cal)} x {args.tokens} tokens")
-    print()
+    ev, cal, ref, gm = setup(args.tokens)
     print("| variant | ppl (fake-quant torch) | top-1 vs float | ppl in onert | onert top-1 vs fake-quant | time |")
     print("|---|---|---|---|---|---|")
     print(f"| float32 eager | {ck.perplexity(ref, ev):.2f} | 1.000 | | | |", flush=True)
