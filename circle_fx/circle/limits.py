@@ -10,6 +10,19 @@ from __future__ import annotations
 TENSOR = 6
 #: BATCH_MATMUL: operands of rank 2..4 (5-D: "ShapeValidator failed at line 66")
 BATCH_MATMUL = 4
+def fully_connected_input_problem(input_dims: list, block_weight: bool) -> str | None:
+    """FULLY_CONNECTED flattens an N-D input to ``[rows, in]`` itself, except with a GGML block
+    weight (``block_weight``): ggml's kernel then aborts the whole process (``ggml_abort``, no
+    error) on an input of rank > 2 whose leading dims (all but the last two) are not all 1
+    (measured: ``[2, 3, 64]`` and ``[2, 3, 4, 64]`` abort, ``[1, 32, 64]`` and any 2-D input run;
+    a dynamic leading dim counts as not 1)."""
+    if block_weight and len(input_dims) > 2 and any(d != 1 for d in input_dims[:-2]):
+        return (f"a GGML-weight FULLY_CONNECTED input of shape {list(input_dims)} (onert's ggml kernel "
+                "aborts the process unless the input is 2-D or [1, rows, in])")
+    return None
+
+
+
 #: MEAN / SUM / REDUCE_MAX input (5-D: "ShapeValidator failed at line 304")
 REDUCE = 4
 #: a MEAN / SUM / REDUCE_MAX of this input rank to output rank 2 or 3 (keepDims=False) fails at

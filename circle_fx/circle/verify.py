@@ -315,6 +315,10 @@ class _Checker:
                 continue
             t = self.cf.tensors[i]
             if op.builtin_code == BO.FULLY_CONNECTED and pos == 1:
+                why = limits.fully_connected_input_problem(self.dims(op.inputs[0]), True) \
+                    if self.valid_tensor(op.inputs[0]) else None
+                if why:
+                    self.bad(f"{where}: {why}")
                 if len(op.inputs) > 2 and op.inputs[2] != -1:
                     self.bad(f"{where}: a {t.type_name} weight with a bias input (onert's ggml kernel throws; "
                              "add the bias with ADD)")

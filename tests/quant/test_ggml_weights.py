@@ -268,3 +268,26 @@ def test_ggml_sessions_prepare_with_one_thread(monkeypatch):
     cm.run(x)
     cm.run(x)
     assert seen[:1] == [True] and not any(seen[1:]) and "NUM_THREADS" not in os.environ, seen
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_batched_input_reaches_the_ggml_kernel_flattened(kind, monkeypatch):
+    """onert's ggml FULLY_CONNECTED aborts the host process on an input like [2, 3, in] (the
+    float kernel flattens it): the GGML linear keeps its RESHAPE to [rows, in] (the peephole's
+    FC rule asks ``limits``), and ``verify`` refuses a file that feeds it unflattened."""
+    from circle_fx.emit.legalize import peephole
+
+    model = torch.nn.Linear(64, 32).eval()
+    x = torch.randn(2, 3, 64)
+    cm = circle_fx.export(model, (x,), quantize=kind)
+    m = circle.Model.ModelT.InitFromPackedBuf(cm.to_bytes(), 0)
+    sg = m.subgraphs[0]
+    fcs = [op for op in sg.operators
+           if m.operatorCodes[op.opcodeIndex].builtinCode == circle.BuiltinOperator.BuiltinOperator.FULLY_CONNECTED]
+    assert fcs and all(len(sg.tensors[op.inputs[0]].shape) == 2 for op in fcs)
+    if not ggml_unsupported_reason():
+        with torch.no_grad():
+            assert _rel(cm.run(x)[0], model(x).numpy()) < 0.1
+    monkeypatch.setattr(peephole, "block_type", lambda t: None)  # the rule as it was: skip the RESHAPE
+    with pytest.raises(VerifyError, match="GGML-weight FULLY_CONNECTED input of shape \\[2, 3, 64\\]"):
+        circle_fx.export(model, (x,), quantize=kind)

@@ -8,7 +8,8 @@ last two dims feeding BATCH_MATMUL (``q @ k.transpose(-1, -2)``). Rules, all exa
 - RESHAPE of a RESHAPE's output reads the inner one's input (a reshape keeps element order);
 - a static RESHAPE to its input's own shape disappears (its readers read the input);
 - FULLY_CONNECTED flattens its input to ``[rows, in]`` itself: a RESHAPE in front of it that
-  keeps the last dim is skipped;
+  keeps the last dim is skipped (unless ``limits.fully_connected_input_problem`` says the
+  kernel cannot take the unflattened input: a GGML block weight);
 - BATCH_MATMUL reading a TRANSPOSE that swaps the last two dims reads the TRANSPOSE's input
   with ``adjointLhs``/``adjointRhs`` flipped;
 
@@ -19,6 +20,8 @@ then operators whose outputs nobody reads (and that are no graph output) are dro
 """
 from __future__ import annotations
 
+from ...circle import limits
+from ...circle.ggml import block_type
 from ..builder import BO, ModelBuilder
 
 META_KEY = "circle_fx.peephole"
@@ -56,7 +59,8 @@ def simplify(mb: ModelBuilder, protected: set[int]) -> int:
             if inner is not None and inner.code == BO.RESHAPE:
                 src, mid = inner.inputs[0], op.inputs[0]
                 s, m = mb.tensors[src].shape, mb.tensors[mid].shape
-                if len(s) >= 2 and s[-1] == m[-1] and _static(mb, src) is not None and _static(mb, mid) is not None:
+                if len(s) >= 2 and s[-1] == m[-1] and _static(mb, src) is not None and _static(mb, mid) is not None \
+                        and limits.fully_connected_input_problem(s, block_type(mb.tensors[op.inputs[1]].type) is not None) is None:
                     op.inputs[0] = src
         elif op.code == BO.BATCH_MATMUL and op.options is not None:
             for k, flag in ((0, "adjointLhs"), (1, "adjointRhs")):
