@@ -16,7 +16,7 @@ from circle_fx.emit.builder import ModelBuilder
 from circle_fx.emit.lowerings._common import options
 from circle_fx.emit.writer import serialize
 
-from onert_eager import Fn, assert_onert_matches_eager
+from onert_eager import Fn, assert_onert_matches_eager, randn
 
 EXACT = dict(rtol=0, atol=0)
 
@@ -55,6 +55,43 @@ def test_integer_pad_runs(dtype, value):
     """PAD / PADV2 run float32 and int8 only: integers are padded by CONCATENATION of constant blocks."""
     fn = Fn(lambda x: torch.nn.functional.pad(x * 3, (1, 2, 0, 1), value=value))
     assert_onert_matches_eager(fn, [torch.arange(8).view(2, 4).to(dtype) * 2**20], **EXACT)
+
+
+class HashTable(torch.nn.Module):
+    """An int64 token -> expert table read with the ids (DeepSeek-V4's hash routing): an int32 table."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("tid2eid", torch.randint(0, 4, (16, 2), generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, ids):
+        return self.tid2eid[ids]
+
+
+class RowGather(torch.nn.Module):
+    """RoBERTa: ``torch.gather(buffered_token_type_ids [1, max_len] int64, 1, position_ids)``: one GATHER."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("row", torch.randint(0, 3, (1, 16), generator=torch.Generator().manual_seed(2)))
+
+    def forward(self, ids):
+        return torch.gather(self.row, 1, ids) * 2, torch.gather(self.row.float(), 1, ids)
+
+
+FAMILY_IDS = torch.tensor([[3, 0, 15, 7, 7, 2]])
+
+
+@pytest.mark.parametrize("name, module, inputs", [
+    ("int64 constant table", HashTable(), [FAMILY_IDS]),
+    ("gather from one int64 row", RowGather(), [FAMILY_IDS]),
+    # CPM-Ant, XLM: onert's CONCATENATION, STRIDED_SLICE and BROADCAST_TO have no bool kernel
+    ("cat of bools", Fn(lambda x: torch.cat((torch.ones(2, 1, dtype=torch.bool), x > 0), dim=1)), [randn(2, 4)]),
+    ("slices of bools", Fn(lambda x: (x > 0)[:, 1:3] & (x < 1)[:, ::2]), [randn(2, 4)]),
+    ("expand of bools", Fn(lambda x: (x > 0).view(2, 1, 4).expand(2, 3, 4)), [randn(2, 4)]),
+])
+def test_family_integer_and_bool_forms_run(name, module, inputs):
+    assert_onert_matches_eager(module, inputs, **EXACT)
 
 
 def test_bool_slice_with_a_dynamic_batch_runs():

@@ -167,3 +167,21 @@ def test_5d_comparisons(fn, inputs):
     """onert 0.1.0's 5-D LESS / GREATER / NOT_EQUAL ... return wrong booleans with no error;
     emit/legalize/ranks.py merges dims to rank <= 4 after lowering (circle/limits.py: COMPARISON)."""
     assert_onert_matches_eager(Fn(fn), inputs, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x: x.sum(dim=2) + x.mean(dim=(2, 3)).unsqueeze(2), (r(1, 2, 3, 4, 5),)),
+    # a one-hot against arange (a 5-D EQUAL), then summed
+    (lambda i: (i.unsqueeze(-1) == torch.arange(3)).float().sum(-2), (torch.tensor([[[[0, 2], [1, 1]], [[2, 0], [0, 1]]]]),)),
+    (lambda x, y: x < y, (r(1, 2, 3, 2, 2), torch.randn(1, 2, 3, 2, 2, generator=_gen((1, 2, 3, 2, 2), "y")))),
+], ids=["sum_5d_middle_axis", "compare_5d_broadcast", "lt_5d_same_shape"])
+def test_5d_family_forms_match_eager(fn, inputs):
+    assert_onert_matches_eager(Fn(fn), inputs, **TOL)
+
+
+def test_five_d_comparison_that_cannot_merge_is_refused():
+    """Merging would need 5 axes: an error naming the op, not a silently wrong file."""
+    a = torch.randint(0, 2, (2, 1, 2, 1, 2), generator=torch.Generator().manual_seed(0))
+    b = torch.randint(0, 2, (1, 2, 1, 2, 1), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(circle_fx.UnsupportedOpError, match="5-D EQUAL"):
+        circle_fx.export(Fn(lambda a, b: a == b), (a, b))

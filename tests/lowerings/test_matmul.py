@@ -30,7 +30,7 @@ def r(*shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(zlib.crc32(f"randn{shape}".encode())))
 
 
-W, V, W5 = r(4, 5), r(5), r(2, 1, 3, 4, 5)
+W, V, W5, Q = r(4, 5), r(5), r(2, 1, 3, 4, 5), r(8)
 
 
 @pytest.mark.parametrize("name, fn, shape", [
@@ -40,6 +40,9 @@ W, V, W5 = r(4, 5), r(5), r(2, 1, 3, 4, 5)
     ("5-D @ 4-D", lambda x: W5 @ x, (2, 3, 5, 6)),
     ("5-D @ vector", lambda x: W5 @ x, (5,)),
     ("linear of a constant input", lambda w: torch.nn.functional.linear(W, w), (3, 5)),
+    # Inkling2's learned query against transposed keys
+    ("expanded query @ transposed", lambda x: torch.matmul(Q.view(-1, 8).expand(1, 2, 1, 8), x.transpose(-1, -2)),
+     (1, 2, 3, 8)),
 ])
 def test_constant_lhs_matmul_runs(name, fn, shape):
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))

@@ -8,7 +8,8 @@ import torch
 import circle_fx
 from circle_fx.emit.registry import LOWERINGS, REFUSALS, lowering, refusal
 from circle_fx.passes.decompositions import REFUSED_FORMS
-from onert_eager import Fn
+from circle_fx.emit.registry import lowering_for
+from onert_eager import Fn, assert_onert_matches_eager, randn
 
 aten = torch.ops.aten
 
@@ -68,6 +69,34 @@ def test_refusal_is_registered_with_the_lowering_and_replaced_with_it():
 
 def test_int64_sum_is_a_clear_error():
     """A sum of int64 values (not provably within int32) stays a clear error; a sum of bools
-    is exact as an int32 SUM (tests/lowerings/test_family_op_forms.py::...[sum_bool_int64])."""
+    is exact as an int32 SUM (``test_refused_form_is_rewritten_and_matches_eager[sum_bool_int64]``)."""
     with pytest.raises(circle_fx.UnsupportedOpError, match="int32"):
         circle_fx.export(Fn(lambda x: (x * 1000).long().sum(dim=-1)), (torch.randn(3, 7),))
+
+
+CONTEXT = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0]], dtype=torch.int32)
+
+# Forms the lowering refuses, each written the way a transformers family writes it, rewritten
+# exactly by decompositions.REFUSED_FORMS. Tolerance 1e-5; integer results compare exactly.
+REFUSED_CASES = {
+    "softmax_axis_2_of_4d": (Fn(lambda x: x.softmax(dim=2) * 2), [randn(1, 3, 4, 5)]),   # DeepSeek-V4 gate
+    "softmax_axis_1_dtype": (Fn(lambda x: torch.softmax(x, 1, dtype=torch.float32)), [randn(2, 6, 3)]),
+    "log_softmax_axis_0": (Fn(lambda x: torch.log_softmax(x, 0)), [randn(5, 3)]),
+    # (ids != pad).sum(-1): XLM, CPM-Ant
+    "sum_bool_int64": (Fn(lambda x: ((x > 0).sum(-1), (x > 0).sum(), (x < 0).sum(1, keepdim=True))), [randn(2, 6, 5)]),
+    "int_and_or_of_flags": (Fn(lambda x: (CONTEXT | (x > 0)) & (x < 1)), [randn(2, 4)]),   # CPM-Ant's mask
+    "time_shift_crop_pad": (torch.nn.ZeroPad2d((0, 0, 1, -1)), [randn(1, 5, 4)]),          # RWKV
+    "crop_both_ends": (Fn(lambda x: torch.nn.functional.pad(x, (-1, 2, -2, 0), value=3.0)), [randn(2, 5, 4)]),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_CASES))
+def test_refused_form_is_rewritten_and_matches_eager(name):
+    module, inputs = REFUSED_CASES[name]
+    assert_onert_matches_eager(module, inputs, rtol=1e-5, atol=1e-5)
+
+
+def test_refused_forms_have_lowerings():
+    """The cases exercise the refused-form route, not the plain no-lowering one."""
+    for op in REFUSED_FORMS:
+        assert lowering_for(op) is not None, op

@@ -27,6 +27,7 @@ aten = torch.ops.aten
 W = randn(4, 4, 3, seed=3)          # conv1d weight [C_out, C_in, K]
 DW = randn(8, 1, 3, seed=4)         # depthwise conv1d weight [C, 1, K]
 GW = randn(12, 2, 2, seed=6)        # grouped conv1d weight [C_out, C_in / groups, K] (6 groups)
+SCALE = randn(3, 4, seed=7)        # a constant unbound into three rows
 FREQS = torch.polar(torch.ones(6, 4), randn(6, 4, seed=5))   # complex rotary table [S, D/2]
 
 
@@ -61,6 +62,20 @@ def _router_scatter(x):
     """Llama4 router: full_like(-inf).scatter_(1, topk indices, topk values), then sigmoid."""
     v, i = torch.topk(x, 2, dim=1)
     return torch.sigmoid(torch.full_like(x, float("-inf")).scatter_(1, i, v))
+
+
+def _unbind_weight(x):
+    """DeepSeek-V4: ``self.scale.unbind(0)`` on a constant: folded per result."""
+    a, b, c = SCALE.unbind(0)
+    return x * a + b * c
+
+
+def _ngram_einsum(q, k):
+    """ProphetNet: an einsum of permuted, non-contiguous views (the decomposition is traced on
+    examples strided like the graph's values)."""
+    q = q.view(2, 8, 2, 2, 4).permute(0, 2, 3, 1, 4)
+    k = k.view(2, 8, 2, 2, 4).permute(0, 2, 3, 1, 4)
+    return torch.einsum("bnhtc,bnhsc->bnhts", (q, k))
 
 
 def _distinct_index(shape, dim, k, seed=7):
@@ -114,6 +129,10 @@ CASES = {
     "var_mean": (lambda x: tuple(torch.var_mean(x, dim=-1, keepdim=True)), [(3, 8)]),
     "layer_norm": (lambda x: F.layer_norm(x, (8,), torch.linspace(0.5, 1.5, 8), torch.linspace(-1, 1, 8)), [(2, 3, 8)]),
     "flip": (lambda x: torch.flip(x, dims=[-1]) * 2, [(3, 6)]),
+    "unbind_constant": (_unbind_weight, [(2, 4)]),
+    "unfold_conv_windows": (lambda x: x.unfold(-1, 3, 1).flip(-1).transpose(1, 2) * 2, [(2, 4, 6)]),  # Inkling2
+    "unfold_step_2_middle_dim": (lambda x: x.unfold(1, 2, 2) + 1, [(2, 5, 3)]),
+    "einsum_of_permuted_views": (_ngram_einsum, [(2, 8, 16), (2, 8, 16)]),
 }
 
 
