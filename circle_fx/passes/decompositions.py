@@ -22,10 +22,13 @@ cats included, are handled after lowering: ``emit/legalize/types.py``.)
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..circle.dims import around
 from .decompositions_nhwc import DECOMPOSITIONS as NHWC_DECOMPOSITIONS
+from .decompositions_nhwc import _pair
 
 aten = torch.ops.aten
 
@@ -206,6 +209,73 @@ def unfold(x, dim, size, step):
     return windows.movedim(d + 1, -1)
 
 
+def col2im(x, output_size, kernel_size, dilation, padding, stride):
+    """``fold`` of non-overlapping patches (kernel = stride, no padding or dilation, the
+    patches tiling the output: MobileViTV2's folding of its unfolded patches) only moves
+    values: ``[N, C*kh*kw, nh*nw]`` -> ``[N, C, nh, kh, nw, kw]`` -> ``[N, C, H, W]``. Other
+    forms sum overlapping patches and stay unsupported."""
+    k, s, d, p = _pair(kernel_size), _pair(stride), _pair(dilation), _pair(padding)
+    h, w = _pair(output_size)
+    if k != s or d != [1, 1] or p != [0, 0] or h % k[0] or w % k[1] or x.dim() not in (2, 3):
+        return NotImplemented
+    batched = x.dim() == 3
+    x = x if batched else x.unsqueeze(0)
+    n, nh, nw = x.shape[0], h // k[0], w // k[1]
+    c = x.shape[1] // (k[0] * k[1])
+    # [N*C, kh, kw, nh, nw] -> [N*C, nh, kh, nw, kw]: a rank-5 TRANSPOSE
+    y = x.reshape(n * c, k[0], k[1], nh, nw).permute(0, 3, 1, 4, 2).reshape(n, c, h, w)
+    return y if batched else y.squeeze(0)
+
+
+#: Abramowitz & Stegun 7.1.26: erf(a) = 1 - t * P(t) * exp(-a*a), t = 1 / (1 + p*a), a >= 0
+_ERF_P = 0.3275911
+_ERF_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
+#: erf's Maclaurin series, 2/sqrt(pi) * sum (-1)^n a^(2n+1) / (n! (2n+1)), to n = 6 (below
+#: 1e-9 relative for a < 0.5), highest power first
+_ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) * 2 / math.sqrt(math.pi) for n in range(6, -1, -1))
+
+
+def erf(x):
+    """``erf`` from EXP, DIV and polynomials (Circle has no ERF operator; SEW-D's and
+    ESM's hand-written GELU ``0.5 * x * (1 + erf(x / sqrt(2)))`` use it). For ``|x| >= 0.5``
+    the A&S formula (bound 1.5e-7 absolute); below, where ``1 - ...`` would cancel to a 24 %
+    relative error near 0 in float32, the series. Measured 3e-7 absolute against float64 over
+    [-6, 6] (tests/passes/test_decomposed_ops.py). Odd: computed on ``|x|``, the sign restored."""
+    a = x.abs()
+    t = 1.0 / (1.0 + _ERF_P * a)
+    poly = torch.zeros_like(a)
+    for c in _ERF_A:
+        poly = (poly + c) * t
+    far = 1.0 - poly * torch.exp(-a * a)
+    a2 = a * a
+    series = torch.zeros_like(a)
+    for c in _ERF_SERIES:
+        series = series * a2 + c
+    y = torch.where(a < 0.5, series * a, far)
+    return torch.where(x < 0, -y, y)
+
+
+#: Abramowitz & Stegun 4.4.46: acos(a) = sqrt(1 - a) * P(a) for 0 <= a <= 1, |error| <= 2e-8
+_ACOS_A = (-0.0012624911, 0.0066700901, -0.0170881256, 0.0308918810, -0.0501743046, 0.0889789874,
+           -0.2145988016, 1.5707963050)
+
+
+def acos(x):
+    """``acos`` from SQRT and a polynomial (onert 0.1.0 has no ATAN2: "Unsupported
+    operation: ATAN2", so not ``atan2(sqrt(1 - x*x), x)``); ``acos(-a) = pi - acos(a)``.
+    Outside [-1, 1] the SQRT of a negative number is NaN, as torch's result is."""
+    a = x.abs()
+    poly = torch.zeros_like(a)
+    for c in _ACOS_A:
+        poly = poly * a + c
+    y = torch.sqrt(1.0 - a) * poly
+    return torch.where(x < 0, math.pi - y, y)
+
+
+def asin(x):
+    return math.pi / 2 - acos(x)
+
+
 def _softmax_on_last_axis(fn):
     """``softmax`` / ``log_softmax`` over any axis: onert's SOFTMAX reduces the last axis,
     so the axis is moved there and back (two TRANSPOSEs); a dtype change (``dtype=`` or
@@ -326,8 +396,12 @@ REFUSED_FORMS = {
 
 DECOMPOSITIONS = {
     aten.unfold.default: unfold,
+    aten.col2im.default: col2im,
     aten.repeat.default: repeat,
     aten.log1p.default: log1p,
+    aten.erf.default: erf,
+    aten.acos.default: acos,
+    aten.asin.default: asin,
     aten.flip.default: flip,
     aten.linalg_vector_norm.default: vector_norm,
     aten.expm1.default: expm1,

@@ -147,16 +147,58 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
                            divisor_override).permute(TO_NCHW)
 
 
+def _bins(n: int, out: int) -> list[tuple[int, int]]:
+    """torch's adaptive-pool bins along one axis: ``[floor(i*n/out), ceil((i+1)*n/out))``."""
+    return [(i * n // out, -(-(i + 1) * n // out)) for i in range(out)]
+
+
+def _uniform(bins) -> tuple[int, int] | None:
+    """(kernel, stride) when every bin has one size and they start at a fixed step (an
+    average pool then computes them: 7 -> 3 bins is kernel 3, stride 2), else None."""
+    sizes = {e - s for s, e in bins}
+    steps = {b[0] - a[0] for a, b in zip(bins, bins[1:])}
+    if len(sizes) != 1 or len(steps) > 1:
+        return None
+    k = sizes.pop()
+    return k, (steps.pop() if steps else k)
+
+
 def adaptive_avg_pool2d(x, output_size):
-    """Output sizes that divide the input: an average pool with kernel = stride = in / out
-    (global pooling is one window over the whole map)."""
+    """Each output cell is the mean of its bin (:func:`_bins`). Bins of one size at a fixed
+    step along both axes (every dividing size, and many others) are one average pool with
+    that kernel and stride; otherwise the axes are pooled one after the other (the mean of
+    a rectangle is the mean of its rows' means), an axis with uneven bins as one MEAN per
+    bin over its slice, concatenated (UperNet's 1, 2, 3, 6 pyramid on a 16 x 16 map)."""
     if x.dim() != 4:
         return NotImplemented
     size = [x.shape[2 + i] if o is None else o for i, o in enumerate(_pair(output_size))]
-    if any(n % o for n, o in zip(x.shape[2:], size)):
+    bins = [_bins(n, o) for n, o in zip(x.shape[2:], size)]
+    forms = [_uniform(b) for b in bins]
+    if all(forms):
+        return avg_pool2d(x, [f[0] for f in forms], [f[1] for f in forms])
+    y = x.permute(TO_NHWC)
+    for axis in range(2):
+        if forms[axis] is not None:
+            k, s = [1, 1], [1, 1]
+            k[axis], s[axis] = forms[axis]
+            if k != [1, 1] or s != [1, 1]:
+                y = avg_pool2d_nhwc(y, k, s, [0, 0, 0, 0], False, True, None)
+        else:
+            y = torch.cat([y.narrow(1 + axis, a, b - a).mean(1 + axis, keepdim=True) for a, b in bins[axis]],
+                          1 + axis)
+    return y.permute(TO_NCHW)
+
+
+def adaptive_avg_pool1d(x, output_size):
+    """``[N, C, L]`` (or ``[C, L]``) pooled as ``[N, C, 1, L]`` by :func:`adaptive_avg_pool2d`;
+    one output (Swin's, FocalNet's, Hiera's pooler) is a MEAN over ``L``."""
+    out = _pair(output_size, 1)[0]
+    if x.dim() not in (2, 3):
         return NotImplemented
-    k = [n // o for n, o in zip(x.shape[2:], size)]
-    return avg_pool2d(x, k, k)
+    if out == 1:
+        return x.mean(-1, keepdim=True)
+    y = adaptive_avg_pool2d(x.unsqueeze(-2), [1, out])
+    return NotImplemented if y is NotImplemented else y.squeeze(-2)
 
 
 DECOMPOSITIONS = {
@@ -170,4 +212,5 @@ DECOMPOSITIONS = {
     aten.avg_pool2d.default: avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,
 }

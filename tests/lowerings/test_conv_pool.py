@@ -45,6 +45,12 @@ FORMS = {
     "avg_pool_divisor_override": (nn.AvgPool2d(2, divisor_override=3), X4, "AVERAGE_POOL_2D"),
     "adaptive_avg_pool_global": (nn.AdaptiveAvgPool2d(1), X4, "AVERAGE_POOL_2D"),
     "adaptive_avg_pool_3x4": (nn.AdaptiveAvgPool2d((3, 4)), X4, "AVERAGE_POOL_2D"),
+    # uneven bins: 9 -> 2 is [0, 5), [4, 9) (kernel 5, stride 4), 12 -> 5 has bins of 3 and 4
+    "adaptive_avg_pool_uneven_2x5": (nn.AdaptiveAvgPool2d((2, 5)), X4, "CONCATENATION"),
+    "adaptive_avg_pool_upernet_6": (nn.AdaptiveAvgPool2d(6), r(1, 4, 16, 16), "CONCATENATION"),
+    "adaptive_avg_pool_uniform_7_to_3": (nn.AdaptiveAvgPool2d(3), r(1, 4, 7, 7), "AVERAGE_POOL_2D"),
+    "adaptive_avg_pool1d_swin": (nn.AdaptiveAvgPool1d(1), r(2, 6, 10), "MEAN"),
+    "adaptive_avg_pool1d_uneven": (nn.AdaptiveAvgPool1d(4), r(2, 6, 10), "CONCATENATION"),
     "conv1d_grouped": (nn.Conv1d(4, 6, 3, padding=1, groups=2), r(2, 4, 10), "CONV_2D"),
     "conv1d_depthwise_causal_pad": (nn.Conv1d(4, 4, 4, padding=3, groups=4), r(1, 4, 10), "DEPTHWISE_CONV_2D"),
     "conv1d_stride2": (nn.Conv1d(4, 3, 5, stride=2, padding=2), r(1, 4, 11), "CONV_2D"),
@@ -85,8 +91,8 @@ def test_same_padding_needs_no_pad_op():
 
 
 def test_unsupported_forms_name_the_op():
-    with pytest.raises(CircleFxError, match="adaptive_avg_pool2d"):
-        circle_fx.export(nn.AdaptiveAvgPool2d((2, 5)).eval(), (X4,))  # 9 % 2, 12 % 5: no fixed window
+    with pytest.raises(CircleFxError, match="max_pool2d"):
+        circle_fx.export(nn.MaxPool2d(2, dilation=2).eval(), (X4,))  # Circle's MAX_POOL_2D has no dilation
     with pytest.raises(CircleFxError, match="must be a constant"):
         circle_fx.export(Fn(lambda x, w: torch.nn.functional.conv2d(x, w)), (X3, r(2, 3, 3, 3)))
 
