@@ -172,15 +172,19 @@ def build(fam: Family):
     for kind in ("tiny", "default, 2 layers"):
         try:
             config = _config(cfg_cls, kind == "tiny")
-            if hasattr(config, "use_cache"):
-                config.use_cache = False
+            for sub in [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]:
+                if hasattr(sub, "use_cache"):  # a multimodal model's text part caches too
+                    sub.use_cache = False
             torch.manual_seed(0)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = cls(config).eval()
             args, kwargs = example_inputs(model, fam)
-            if "return_dict" in inspect.signature(model.forward).parameters:
+            params = inspect.signature(model.forward).parameters
+            if "return_dict" in params:
                 kwargs.setdefault("return_dict", False)
+            if "use_cache" in params:  # no cache object in the outputs (torch.export cannot return one)
+                kwargs.setdefault("use_cache", False)
             with torch.no_grad():
                 ref = model(*args, **kwargs)
             return model, kind, args, kwargs, ref

@@ -27,6 +27,9 @@ import hf_families as hf  # noqa: E402
 import model_support as ms  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-4
+#: seconds per row: vision families built at their default size (BiT, CvT, EfficientNet,
+#: ShieldGemma2) export and run for minutes on a shared two-core machine
+TIMEOUT = 480
 
 
 def check(fam: ef.Family) -> dict:
@@ -135,7 +138,7 @@ def main(argv: list[str]) -> int:
         print(f"{row['family']:44s} {row['status']:11s} {row.get('seconds', ''):>6} "
               f"{row.get('transposes', '')!s:>3} {row.get('reason', '')[:140]}", flush=True)
 
-    rows = ms.gather(fams, jobs, cache, report, check_fn=check, partial=partial)
+    rows = ms.gather(fams, jobs, cache, report, check_fn=check, partial=partial, timeout=TIMEOUT)
     if rows is None:
         return 1
     ms.publish(rows, argv, os.path.join(ROOT, "docs", "encoder-support"),

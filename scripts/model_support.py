@@ -162,12 +162,12 @@ def options(argv: list[str], *flags: str) -> tuple[int, str | None, set[str], li
 
 
 def gather(fams: list[hf.HfFamily], jobs: int, cache: str | None, report, check_fn=None,
-           partial: bool = False) -> list[dict] | None:
+           partial: bool = False, timeout: float = TIMEOUT) -> list[dict] | None:
     """The rows of ``fams``: read from ``cache`` alone when ``jobs == 0`` (``--render``; None,
     after naming the families it lacks, when it does not hold them all; with ``partial``, the
     rows it holds: a run cut short), else :func:`run_all`."""
     if jobs:
-        return run_all(fams, jobs, report=report, cache=cache, check_fn=check_fn)
+        return run_all(fams, jobs, timeout, report=report, cache=cache, check_fn=check_fn)
     known = _cached(cache)
     missing = [f.model_type for f in fams if f.model_type not in known]
     if missing and not partial:
