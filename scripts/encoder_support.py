@@ -82,10 +82,29 @@ def check(fam: ef.Family) -> dict:
     row["max_diff"] = diff
     row["compared"] = len(outs)
     if row.get("status") == "mismatch":
-        row["reason"] = f"max abs diff {diff:.3g} exceeds rtol={RTOL}, atol={ATOL}"
+        row["reason"] = f"max abs diff {diff:.3g} exceeds rtol={RTOL}, atol={ATOL}" + _float64_note(model, args, kwargs, outs, expected)
     else:
         row["status"] = "ok"
     return row
+
+
+def _float64_note(model, args, kwargs, outs, expected) -> str:
+    """Whether a mismatch is float32 rounding: both eager float32 and onert against eager in
+    float64 (a model with outputs in the thousands loses more than the tolerance in float32)."""
+    import numpy as np
+    import torch
+
+    try:
+        with torch.no_grad():
+            ref = model.double()(*[a.double() if a.is_floating_point() else a for a in args], **kwargs)
+        model.float()
+        exact = [t.detach().numpy() for t in ef.tensors(ref)][:len(outs)]
+        eager = max(float(np.abs(e - x).max()) for e, x in zip(expected, exact) if e.size)
+        onert = max(float(np.abs(o - x).max()) for o, x in zip(outs, exact) if o.size)
+        scale = max(float(np.abs(x).max()) for x in exact if x.size)
+    except Exception as e:  # noqa: BLE001 - the note is optional
+        return f" (no float64 run: {type(e).__name__})"
+    return (f"; against eager in float64 (outputs up to {scale:.3g}): onert {onert:.2g}, eager float32 {eager:.2g}")
 
 
 def markdown(rows: list[dict], total: int | None = None) -> str:

@@ -276,6 +276,24 @@ def asin(x):
     return math.pi / 2 - acos(x)
 
 
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    """``x`` with ``src`` written over ``x[start:end]`` along ``dim`` (``shifted[:, 1:] = ids[:, :-1]``,
+    BART's ``shift_tokens_right``), step 1: the kept ends of ``x`` and ``src`` concatenated.
+    torch's decomposition GATHERs ``src`` by a clamped index, and onert 0.1.0 has no int64
+    GATHER (the ids are int64); CONCATENATION runs int64 and only moves values. Other steps:
+    torch's decomposition."""
+    if step != 1:
+        from torch._decomp import decomposition_table
+
+        return decomposition_table[aten.slice_scatter.default](x, src, dim, start, end, step)
+    d = dim % max(x.dim(), 1)
+    n = x.shape[d]
+    lo = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
+    hi = n if end is None else min(max(end + n if end < 0 else end, lo), n)
+    parts = ([x.narrow(d, 0, lo)] if lo else []) + [src.to(x.dtype)] + ([x.narrow(d, hi, n - hi)] if hi < n else [])
+    return torch.cat(parts, d) if len(parts) > 1 else parts[0].clone()
+
+
 def _softmax_on_last_axis(fn):
     """``softmax`` / ``log_softmax`` over any axis: onert's SOFTMAX reduces the last axis,
     so the axis is moved there and back (two TRANSPOSEs); a dtype change (``dtype=`` or
@@ -400,6 +418,7 @@ DECOMPOSITIONS = {
     aten.repeat.default: repeat,
     aten.log1p.default: log1p,
     aten.erf.default: erf,
+    aten.slice_scatter.default: slice_scatter,
     aten.acos.default: acos,
     aten.asin.default: asin,
     aten.flip.default: flip,

@@ -148,6 +148,28 @@ def test_op_decomposes_and_matches_eager(name):
     assert_onert_matches_eager(Fn(fn), inputs, rtol=1e-5, atol=1e-5)
 
 
+def _shift_tokens_right(ids):
+    """BART's ``shift_tokens_right`` (its masked-LM head builds decoder ids this way): int64
+    slice copies, which must not become an int64 GATHER (onert 0.1.0 has none)."""
+    shifted = ids.new_zeros(ids.shape)
+    shifted[:, 1:] = ids[:, :-1].clone()
+    shifted[:, 0] = 2
+    return shifted.masked_fill(shifted == -100, 1)
+
+
+@pytest.mark.parametrize("fn", [
+    _shift_tokens_right,
+    lambda ids: torch.slice_scatter(ids, ids[:, :3] * 2, dim=1, start=-5, end=-2),
+    # step 2: torch's decomposition (a GATHER; float, since onert has no int64 GATHER)
+    lambda ids: torch.slice_scatter(ids.float(), ids[:, 1::2] + 1.5, dim=1, start=0, step=2),
+], ids=["bart_shift_tokens_right", "negative_bounds", "step_2"])
+def test_int64_slice_scatter_runs_in_onert(fn):
+    ids = torch.randint(3, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
+    cm = assert_onert_matches_eager(Fn(fn), (ids,), rtol=0, atol=0)
+    if fn is _shift_tokens_right:
+        assert "GATHER" not in cm.op_histogram(), cm.op_histogram()
+
+
 def _dense(lo, hi, n=200001):
     return torch.linspace(lo, hi, n)
 
