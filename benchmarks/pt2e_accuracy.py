@@ -29,7 +29,7 @@ VARIANTS = [
     ("default: minmax, skip down_proj", dict(), True),
     ("percentile, skip down_proj", dict(activation_observer="percentile"), False),
     ("mse (histogram), skip down_proj", dict(activation_observer="mse"), False),
-    ("per-channel weights, skip down_proj", dict(per_channel_weights=True), False),
+    ("per-channel weights, skip down_proj", dict(per_channel_weights=True), True),
     ("SmoothQuant alpha 0.5, skip down_proj", dict(smooth_quant=0.5), True),
     ("SmoothQuant alpha 0.8, skip down_proj", dict(smooth_quant=0.8), True),
     ("SmoothQuant alpha 0.5, skip=()", dict(smooth_quant=0.5, skip=()), True),
