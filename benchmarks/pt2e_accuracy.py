@@ -31,8 +31,12 @@ VARIANTS = [
     ("mse (histogram), skip down_proj", dict(activation_observer="mse"), False),
     ("per-channel weights, skip down_proj", dict(per_channel_weights=True), True),
     ("SmoothQuant alpha 0.5, skip down_proj", dict(smooth_quant=0.5), True),
+    ("SmoothQuant alpha 0.5 norm+up folds only, skip down_proj",
+     dict(smooth_quant=0.5, smooth_kinds=("rms_norm", "up_proj")), True),
     ("SmoothQuant alpha 0.8, skip down_proj", dict(smooth_quant=0.8), True),
     ("SmoothQuant alpha 0.5, skip=()", dict(smooth_quant=0.5, skip=()), True),
+    ("SmoothQuant alpha 0.5 norm+up folds only, skip=()",
+     dict(smooth_quant=0.5, smooth_kinds=("rms_norm", "up_proj"), skip=()), True),
     ("SmoothQuant alpha 0.8, skip=()", dict(smooth_quant=0.8, skip=()), True),
 ]
 

@@ -17,8 +17,11 @@ member of a family:
 
 Each entry names the candidate and its source line, the rule, the failed condition, and
 where in the user's source the failure was found. Nodes left in the final graph whose
-lowering refuses their form (``@lowering(..., refuses=...)``) are listed with the reason. ``explain`` never changes the model and
-never emits a Circle file.
+lowering refuses their form (``@lowering(..., refuses=...)``) are listed with the reason.
+For quantization, the SmoothQuant folds (``circle_fx/quant/smooth_rules.py``) are looked for
+right after RMSNorm fusion, as ``CircleQuantizer(smooth_quant=...)`` sees the graph: how many
+groups fold exactly, and each skipped candidate with the rule and check that refused it.
+``explain`` never changes the model and never emits a Circle file.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from .fusions import families
 from .passes import default_pipeline, finalize_pipeline, fuse_family, run_passes
 from .patterns.matcher import MatchFailure
 from .patterns.rewrite import try_rewrite
+from .quant.smooth_rules import smooth_candidates
 from .source import describe, op_name, source_line
 
 
@@ -89,6 +93,10 @@ class ExplainResult:
     fused: list[Fused] = field(default_factory=list)
     entries: list[NearMiss] = field(default_factory=list)
     refused: list[Refused] = field(default_factory=list)
+    #: SmoothQuant: the kinds of the groups whose scale folds exactly, and the skipped
+    #: candidates (``circle_fx.quant.smooth_rules.Skipped``)
+    smooth_groups: list[str] = field(default_factory=list)
+    smooth_skipped: list = field(default_factory=list)
 
     def __iter__(self) -> Iterator[NearMiss]:
         return iter(self.entries)
@@ -110,6 +118,14 @@ class ExplainResult:
         if self.refused:
             lines.append(f"refused by their lowering: {len(self.refused)}")
             lines.extend(f"  {r.op} %{r.node} at {r.source}: {r.reason}" for r in self.refused)
+        if self.smooth_groups or self.smooth_skipped:
+            kinds = ", ".join(f"{self.smooth_groups.count(k)} {k}" for k in dict.fromkeys(self.smooth_groups))
+            lines.append(f"SmoothQuant folds (CircleQuantizer(smooth_quant=...)): {len(self.smooth_groups)} exact"
+                         + (f" ({kinds})" if kinds else "") + f", {len(self.smooth_skipped)} skipped")
+            for i, e in enumerate(self.smooth_skipped, 1):
+                body = e.format().splitlines()
+                lines.append(f"  {i}. {body[0]}")
+                lines.extend("  " + b for b in body[1:])
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -139,6 +155,15 @@ def explain_program(program) -> ExplainResult:
         if family.pass_name in pipeline.names():
             pipeline.replace(family.pass_name, fuse)
         fuses.append((family, fuse))
+    result = ExplainResult()
+
+    def smooth_quant_candidates(program) -> bool:  # what smooth_quant sees: the RMSNorm-fused graph
+        groups, result.smooth_skipped = smooth_candidates(program.gm)
+        result.smooth_groups = [g.kind for g in groups]
+        return False
+
+    if "fuse_rms_norm" in pipeline.names():
+        pipeline.insert_after("fuse_rms_norm", smooth_quant_candidates)
     run_passes(program, pipeline)
     run_passes(program, finalize_pipeline())
     graph = program.gm.graph
@@ -148,7 +173,6 @@ def explain_program(program) -> ExplainResult:
         if _alive(f.root):
             recorded.setdefault(f.root, []).append((i, f))
 
-    result = ExplainResult()
     for rec in program.fusions():
         result.fused.append(Fused(rec.kind, rec.node, list(rec.rules), rec.source))
 

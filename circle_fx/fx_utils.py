@@ -27,6 +27,11 @@ CAST_OPS = {
 }
 IDENTITY_OPS = {aten.alias.default, aten.clone.default, aten.contiguous.default,
                 aten.detach.default, aten.lift_fresh_copy.default, aten.dropout.default}
+#: Ops that only move elements (each output element is one input element): the pattern
+#: language's :func:`~circle_fx.patterns.moved` sees through chains of them.
+MOVEMENT_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+                aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.transpose.int,
+                aten.permute.default, aten.t.default, aten.expand.default}
 SIDE_EFFECT_ONLY = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
                     aten.sym_constrain_range_for_size.default}
 

@@ -2,8 +2,8 @@
 rules (:mod:`.rewrite`). The rules written in it live with their fusion family in
 :mod:`circle_fx.fusions`."""
 from .matcher import Match, MatchFailure, match
-from .pattern import Pattern, optional_cast, pattern
+from .pattern import Pattern, moved, optional_cast, pattern
 from .rewrite import Rewrite, apply, try_rewrite
 
-__all__ = ["Match", "MatchFailure", "match", "Pattern", "optional_cast", "pattern",
+__all__ = ["Match", "MatchFailure", "match", "Pattern", "moved", "optional_cast", "pattern",
            "Rewrite", "apply", "try_rewrite"]

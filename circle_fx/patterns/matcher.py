@@ -8,6 +8,8 @@ Matching rules:
 - ``aten.add.Tensor`` / ``aten.mul.Tensor`` operands match in either order;
 - no-op nodes in the target (same-dtype casts, ``alias``, ``clone``) are seen through
   and become part of the match;
+- a :func:`~.pattern.moved` marker matches any chain of data-movement ops (longest first),
+  covered by the match;
 - every matched node except the root must have no users outside the match, otherwise
   replacing the root would leave a second copy of the computation alive.
 
@@ -22,9 +24,9 @@ from typing import Any, Iterator
 import torch
 import torch.fx as fx
 
-from ..fx_utils import CAST_OPS, arguments, is_noop, look_through
+from ..fx_utils import CAST_OPS, MOVEMENT_OPS, arguments, is_noop, look_through
 from ..source import describe, op_name, source_line
-from .pattern import Pattern, optional_cast
+from .pattern import Pattern, moved, optional_cast
 
 aten = torch.ops.aten
 COMMUTATIVE = {aten.add.Tensor, aten.mul.Tensor}
@@ -101,6 +103,8 @@ class _Attempt:
             yield from self.wildcard(p, t, st)
         elif p.target is optional_cast:
             yield from self.maybe_cast(p, t, st)
+        elif p.target is moved:
+            yield from self.movement(p, t, st)
         else:
             yield from self.op(p, t, st)
 
@@ -137,6 +141,19 @@ class _Attempt:
             st2.covered.extend(_chain(t, inner))
             yield from self.value(p.args[0], inner.args[0], st2)
         yield from self.value(p.args[0], t, st)
+
+    def movement(self, p, t, st):
+        ends, covered = [(t, [])], []
+        while True:
+            inner = look_through(ends[-1][0])
+            if not (isinstance(inner, fx.Node) and inner.op == "call_function" and inner.target in MOVEMENT_OPS):
+                break
+            covered = covered + _chain(ends[-1][0], inner)
+            ends.append((inner.args[0], covered))
+        for end, chain in reversed(ends):  # the longest chain first
+            st2 = st.fork()
+            st2.covered.extend(chain)
+            yield from self.value(p.args[0], end, st2)
 
     def op(self, p, t, st):
         tt = look_through(t)

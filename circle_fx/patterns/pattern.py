@@ -5,7 +5,8 @@ traced once with ``torch.fx`` into a small graph.
   target graph (a node or a literal such as ``eps``); a parameter used twice must bind to
   the same value both times (that is how ``x * rsqrt(mean(x**2))`` insists on one ``x``).
 - Literals in the function (``2``, ``None``) must match exactly.
-- :func:`optional_cast` marks a place where a dtype conversion may or may not appear.
+- :func:`optional_cast` marks a place where a dtype conversion may or may not appear;
+  :func:`moved` one where any chain of data-movement ops may appear.
 
 Conditions that are not about shape of the graph (is the axis the last one? is the
 weight 1-D?) are ordinary Python checks attached to a :class:`~circle_fx.patterns.rewrite.Rewrite`.
@@ -21,6 +22,16 @@ def optional_cast(x):
     """Pattern marker: ``x``, or ``x`` converted to another dtype (``to``/``_to_copy``)."""
     if isinstance(x, fx.Proxy):
         return x.tracer.create_proxy("call_function", optional_cast, (x,), {})
+    return x
+
+
+def moved(x):
+    """Pattern marker: ``x``, or ``x`` after any chain of data-movement ops (view, reshape,
+    transpose, permute, unsqueeze, squeeze, expand; ``fx_utils.MOVEMENT_OPS``), which the
+    match covers. Longer chains are tried first. What the chain does to the layout is for a
+    rule check to judge (e.g. SmoothQuant's channel map, ``circle_fx/quant/smooth.py``)."""
+    if isinstance(x, fx.Proxy):
+        return x.tracer.create_proxy("call_function", moved, (x,), {})
     return x
 
 

@@ -164,18 +164,20 @@ class CircleQuantizer(Quantizer):
       annotation, ``prepare_pt2e`` then fuses the RMSNorms and folds per-channel scales into the
       norms' gammas and the linears' weights (:mod:`circle_fx.quant.smooth`; no op is added,
       the float model computes the same). Measured on SmolLM2-135M in
-      ``benchmarks/pt2e_accuracy.py``.
+      ``benchmarks/pt2e_accuracy.py``. ``smooth_kinds``: which folds (``"rms_norm"``,
+      ``"up_proj"``, ``"v_proj"``; default all, ``circle_fx.quant.smooth.KINDS``).
     """
 
     def __init__(self, activation: QuantizationSpec | None = None, weight: QuantizationSpec | None = None, *,
                  activation_observer: str = "minmax", quantize_elementwise: bool | None = None,
                  per_channel_weights: bool | None = None, skip: tuple[str, ...] = None,
-                 activation_dtype: str = "uint8", smooth_quant: float | None = None, calibration=None):
+                 activation_dtype: str = "uint8", smooth_quant: float | None = None, calibration=None,
+                 smooth_kinds: tuple[str, ...] | None = None):
         super().__init__()
         if smooth_quant is not None and calibration is None:
             raise InputError("CircleQuantizer(smooth_quant=...) needs calibration=[input tuples] "
                              "(the per-channel activation maxima the scales come from)")
-        self.smooth_quant, self.calibration = smooth_quant, calibration
+        self.smooth_quant, self.calibration, self.smooth_kinds = smooth_quant, calibration, smooth_kinds
         #: the groups SmoothQuant rescaled (``circle_fx.quant.smooth.SmoothGroup``), after prepare
         self.smoothed = []
         if activation_dtype not in ACTIVATION_DTYPES:
@@ -202,7 +204,9 @@ class CircleQuantizer(Quantizer):
         if self.smooth_quant is not None:
             from .smooth import smooth_quant
 
-            self.smoothed = smooth_quant(model, self.calibration, self.smooth_quant)
+            from .smooth import KINDS
+
+            self.smoothed = smooth_quant(model, self.calibration, self.smooth_quant, self.smooth_kinds or KINDS)
         return model
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:

@@ -7,19 +7,23 @@ unchanged, the activation range shrinks, the weight range grows a little.
 ``s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha)`` (``max|W_j|`` over every linear of the
 group), ``max|X_j|`` calibrated on the user's data.
 
-The ``1/s`` costs nothing only where it folds into a constant that already exists:
+The ``1/s`` costs nothing only where it folds into a constant that already exists
+(:mod:`circle_fx.quant.smooth_rules` finds these groups and proves each by its structure):
 
 - **RMSNorm -> linears** (q/k/v after ``input_layernorm``, gate/up after
   ``post_attention_layernorm``, lm_head after the final norm): ``gamma / s``. This runs on the
   *fused* graph, where every spelling the RMSNorm family accepts (Gemma's ``1 + w`` included)
   is one ``circle.rms_norm(x, gamma, eps)`` whose gamma is a folded constant; an unweighted
   norm gets ``1/s`` as its gamma.
-- **``mul(a, up) -> down_proj``** (the gated MLP, ``up`` a linear read by nothing else):
-  ``up``'s output rows (weight rows and bias) divided by ``s``.
+- **up_proj -> down_proj** (the gated MLP, ``down(silu(gate) * up)``): ``up``'s output rows
+  (weight rows and bias) divided by ``s``.
+- **v_proj -> o_proj** (attention is linear in V): ``v_proj``'s output rows divided by ``s``,
+  one scale per ``v_proj`` channel; with GQA every ``o_proj`` column that reads a channel (one
+  per query head of its group) takes that channel's ``s``.
 
-Anything else (e.g. ``o_proj`` after attention over ``v``) is left alone: not done yet.
 A group is smoothed only when every reader of the scaled value is a linear of the group and
-every scaled weight is read by that linear alone (a tied ``lm_head`` is skipped).
+every scaled weight is read by that linear alone (a tied ``lm_head`` is skipped); the skipped
+candidates, with the check that refused them, are listed by ``circle_fx.explain``.
 
 :func:`smooth_quant` takes a ``torch.export``-ed module, fuses its RMSNorms in place (the
 quantizer then sees ``circle.rms_norm`` units), calibrates and rescales constants: no op is
@@ -27,29 +31,16 @@ added. ``CircleQuantizer(smooth_quant=alpha, calibration=...)`` runs it before a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.fx as fx
 
 from ..errors import InputError
-from ..fusions.rms_norm import rms_norm
 from ..program import Program, fetch_attr
+from .smooth_rules import SmoothGroup, Skipped, smooth_candidates
 
-aten = torch.ops.aten
-
-
-@dataclass
-class SmoothGroup:
-    """One smoothable value: ``source`` (a ``circle.rms_norm`` or the gated ``mul``) feeds
-    ``linears``; ``kind`` is ``"rms_norm"`` or ``"up_proj"`` (where the ``1/s`` goes)."""
-
-    kind: str
-    source: fx.Node
-    linears: list[fx.Node]
-    #: the linear whose output rows take ``1/s`` (kind ``"up_proj"``)
-    up: fx.Node | None = None
-    scale: torch.Tensor | None = field(default=None)
+#: every kind of group (where the ``1/s`` goes); ``smooth_quant(kinds=...)`` picks some
+KINDS = ("rms_norm", "up_proj", "v_proj")
+__all__ = ["KINDS", "SmoothGroup", "Skipped", "smooth_quant", "smooth_groups", "smooth_candidates"]
 
 
 def fuse_rms_norms(gm: fx.GraphModule) -> Program:
@@ -66,95 +57,9 @@ def fuse_rms_norms(gm: fx.GraphModule) -> Program:
     return program
 
 
-def _const(gm, v) -> torch.Tensor | None:
-    return fetch_attr(gm, v.target) if isinstance(v, fx.Node) and v.op == "get_attr" else None
-
-
-def _linear_parts(gm, n: fx.Node, x: fx.Node):
-    """``(weight node, bias node or None)`` when ``n`` is ``linear(x, W[, b])`` with constant
-    W (and b), else None."""
-    if n.op != "call_function" or n.target is not aten.linear.default or n.args[0] is not x or n.kwargs:
-        return None
-    w = n.args[1]
-    b = n.args[2] if len(n.args) > 2 else None
-    wt = _const(gm, w)
-    if wt is None or wt.dim() != 2 or not wt.is_floating_point() or (b is not None and _const(gm, b) is None):
-        return None
-    return w, b
-
-
-def _attr_readers(gm) -> dict:
-    """id of each constant tensor -> the get_attr nodes' users reading it (tied weights share one)."""
-    readers: dict[int, list] = {}
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            t = fetch_attr(gm, n.target)
-            if isinstance(t, torch.Tensor):
-                readers.setdefault(id(t), []).extend(n.users)
-    return readers
-
-
-def _only_read_by(gm, readers, w: fx.Node, users) -> bool:
-    return all(u in users for u in readers.get(id(fetch_attr(gm, w.target)), ()))
-
-
-def smooth_groups(gm: fx.GraphModule) -> list[SmoothGroup]:
-    """The groups of a fused graph whose scale folds exactly (module docstring)."""
-    readers = _attr_readers(gm)
-    groups = []
-    for n in gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        users = list(n.users)
-        if not users:
-            continue
-        parts = [_linear_parts(gm, u, n) for u in users]
-        if any(p is None for p in parts):
-            continue
-        if not all(_only_read_by(gm, readers, w, users) for w, _ in parts):
-            continue
-        d = {fetch_attr(gm, w.target).shape[1] for w, _ in parts}
-        if len(d) != 1:
-            continue
-        if n.target is rms_norm:
-            g = n.args[1]
-            if g is not None and (_const(gm, g) is None or _const(gm, g).shape != (d.pop(),)
-                                  or not _only_read_by(gm, readers, g, [n])):
-                continue
-            groups.append(SmoothGroup("rms_norm", n, users))
-        elif n.target is aten.mul.Tensor and len(n.args) == 2:
-            up = _up_proj(gm, readers, n)
-            if up is not None:
-                groups.append(SmoothGroup("up_proj", n, users, up))
-    return groups
-
-
-def _up_proj(gm, readers, mul: fx.Node) -> fx.Node | None:
-    """The factor of ``mul`` that is a linear with constant weight read only by ``mul``,
-    whose other factor does not depend on it (then scaling its rows scales ``mul``)."""
-    a, b = mul.args
-    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or a.meta.get("val") is None \
-            or b.meta.get("val") is None or a.meta["val"].shape != b.meta["val"].shape:
-        return None
-    for up, other in ((b, a), (a, b)):
-        if up is other or list(up.users) != [mul] or up.op != "call_function" or up.target is not aten.linear.default:
-            continue
-        parts = _linear_parts(gm, up, up.args[0])
-        if parts is None or not all(_only_read_by(gm, readers, p, [up]) for p in parts if p is not None):
-            continue
-        if up not in _ancestors(other):
-            return up
-    return None
-
-
-def _ancestors(n: fx.Node) -> set:
-    seen, stack = set(), [n]
-    while stack:
-        for a in stack.pop().all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                stack.append(a)
-    return seen
+def smooth_groups(gm: fx.GraphModule, kinds=KINDS) -> list[SmoothGroup]:
+    """The groups of a fused graph whose scale folds exactly (module docstring), of ``kinds``."""
+    return smooth_candidates(gm, kinds)[0]
 
 
 def calibrate_maxima(gm: fx.GraphModule, sources: list[fx.Node], calibration) -> dict:
@@ -177,20 +82,27 @@ def calibrate_maxima(gm: fx.GraphModule, sources: list[fx.Node], calibration) ->
     return maxima
 
 
-def smoothing_scales(x_max: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
+def smoothing_scales(x_max: torch.Tensor, weights: list[torch.Tensor], alpha: float,
+                     channels: torch.Tensor | None = None, width: int | None = None) -> torch.Tensor:
     """``s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha)``, channels never seen (or with zero
-    weights) left at 1."""
+    weights) left at 1. ``channels`` (``v_proj`` groups): input column -> the scaled channel
+    it reads, ``width`` of them; both maxima are taken over the columns reading a channel."""
     w_max = torch.stack([w.detach().abs().amax(0).float() for w in weights]).amax(0)
+    if channels is not None:
+        x_max = torch.zeros(width).scatter_reduce(0, channels, x_max, "amax")
+        w_max = torch.zeros(width).scatter_reduce(0, channels, w_max, "amax")
     s = x_max.clamp(min=1e-5).pow(alpha) / w_max.clamp(min=1e-5).pow(1 - alpha)
     ok = (x_max > 0) & (w_max > 0) & torch.isfinite(s)
     return torch.where(ok, s, torch.ones_like(s)).clamp(1e-4, 1e4)
 
 
 def apply_scales(gm: fx.GraphModule, group: SmoothGroup, s: torch.Tensor) -> None:
-    """Fold ``s`` into the constants: the source's output / ``s``, the linears' columns * ``s``.
-    New tensors are set (never written in place: they may share storage with the user's model)."""
+    """Fold ``s`` (``group.width`` scales) into the constants: the source's output / ``s``, the
+    linears' columns * ``s`` (``s[channels]`` for a ``v_proj`` group). New tensors are set (never
+    written in place: they may share storage with the user's model)."""
+    cols = s if group.channels is None else s[group.channels]
     for lin in group.linears:
-        _scale_attr(gm, lin.args[1], lambda w: w * s.to(w.dtype))
+        _scale_attr(gm, lin.args[1], lambda w: w * cols.to(w.dtype))
     if group.kind == "rms_norm":
         g = group.source.args[1]
         if g is None:
@@ -233,21 +145,24 @@ def _fresh_attr(gm, base: str) -> str:
     return f"{base}_{i}"
 
 
-def smooth_quant(gm: fx.GraphModule, calibration, alpha: float = 0.5) -> list[SmoothGroup]:
-    """Fuse ``gm``'s RMSNorms, calibrate the inputs of every smoothable linear group on
-    ``calibration`` (an iterable of input tuples), fold the SmoothQuant scales into the
-    constants. ``gm`` is rewritten in place and computes what it computed (up to float
-    rounding). Returns the groups smoothed (each with its ``scale``)."""
+def smooth_quant(gm: fx.GraphModule, calibration, alpha: float = 0.5, kinds=KINDS) -> list[SmoothGroup]:
+    """Fuse ``gm``'s RMSNorms, calibrate the inputs of every smoothable linear group of
+    ``kinds`` on ``calibration`` (an iterable of input tuples), fold the SmoothQuant scales
+    into the constants. ``gm`` is rewritten in place and computes what it computed (up to
+    float rounding). Returns the groups smoothed (each with its ``scale``)."""
     if not 0.0 <= float(alpha) <= 1.0:
         raise InputError(f"smooth_quant(alpha={alpha!r}): expected a number in [0, 1]")
     calibration = list(calibration)
     if not calibration:
         raise InputError("smooth_quant needs calibration data (an iterable of input tuples); got none")
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    if not set(kinds) <= set(KINDS):
+        raise InputError(f"smooth_quant(kinds={kinds!r}): expected some of {', '.join(map(repr, KINDS))}")
     fuse_rms_norms(gm)
-    groups = smooth_groups(gm)
+    groups = smooth_groups(gm, kinds)
     maxima = calibrate_maxima(gm, [g.source for g in groups], calibration)
     for g in groups:
         weights = [fetch_attr(gm, lin.args[1].target) for lin in g.linears]
-        apply_scales(gm, g, smoothing_scales(maxima[g.source], weights, float(alpha)))
+        apply_scales(gm, g, smoothing_scales(maxima[g.source], weights, float(alpha), g.channels, g.width))
     gm.recompile()
     return groups

@@ -274,3 +274,21 @@ def test_fuse_patterns_with_a_user_rule_in_a_user_pipeline_runs_in_onert():
     got = cm.run(x)[0]
     assert float(np.abs(want).max()) > 1e-2  # the comparison can fail
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_moved_sees_through_data_movement_chains_longest_first():
+    """``moved(x)`` matches ``x`` after any chain of view/transpose/expand ops (covered by the
+    match), or with none; a non-movement op in the chain ends it."""
+    from circle_fx.patterns import moved
+
+    def pat(w, a):
+        return aten.mul.Tensor(moved(aten.neg.default(a)), w)
+
+    p = Pattern(pat)
+    program, (x, w) = graph_of(lambda x, w: (-x).view(2, 3).transpose(0, 1).reshape(6) * w, (3, 2), (6,))
+    m = match(p, output_node(program))
+    assert m and m["a"] is x and {n.target for n in m.nodes} >= {aten.view.default, aten.transpose.int}
+    program, (x, w) = graph_of(lambda x, w: -x * w, (6,), (6,))
+    assert match(p, output_node(program))
+    program, (x, w) = graph_of(lambda x, w: (-x).exp().view(6) * w, (3, 2), (6,))
+    assert not match(p, output_node(program))

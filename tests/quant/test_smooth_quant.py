@@ -90,8 +90,7 @@ def _check_random_scales(sp, d, lead, n_lin, bias, pre, seed, log_range):
     assert len(norm_group.linears) == n_lin + 2
     g = torch.Generator().manual_seed(seed + 1)
     for group in groups:
-        n = group.source.meta["val"].shape[-1]
-        s = torch.exp((torch.rand(n, generator=g) * 2 - 1) * log_range)
+        s = torch.exp((torch.rand(group.width, generator=g) * 2 - 1) * log_range)
         apply_scales(gm, group, s)
     gm.recompile()
     after = _ops(gm)
@@ -174,6 +173,7 @@ def test_quantizer_option_end_to_end_in_onert(tiny_llama):
     converted = quantize_pt2e(model, (ids,), cal, q)
     layers = model.config.num_hidden_layers
     assert sorted(gr.kind for gr in q.smoothed).count("up_proj") == layers
+    assert sorted(gr.kind for gr in q.smoothed).count("v_proj") == layers
     assert sorted(gr.kind for gr in q.smoothed).count("rms_norm") == 2 * layers + (0 if model.config.tie_word_embeddings else 1)
     cm = circle_fx.export(converted, (ids,), quant_target="onert")
     (logits,) = cm.run(ids)
