@@ -248,6 +248,21 @@ def spawn(python: str, argv: list[str], threads: int, quiet: bool = True):
     return json.loads(p.stdout.strip().splitlines()[-1]), None
 
 
+def et_missing(python: str) -> str | None:
+    """Why ``python`` cannot run the ExecuTorch engines (None: it can): asked in a child, never imported here."""
+    probe = "import executorch, torchao; from executorch.runtime import Runtime"
+    p = subprocess.run([python, "-c", probe], capture_output=True, text=True)
+    if p.returncode == 0:
+        return None
+    tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return (f"skipped: ExecuTorch is not installed for {python} ({tail[:80]}); "
+            "see benchmarks/README.md for its venv and pass --et-python")
+
+
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def circle_modes() -> set[str]:
     """The weight modes the installed circle_fx accepts (asked, not assumed)."""
     from circle_fx.errors import InputError
@@ -284,7 +299,13 @@ def main(argv=None) -> int:
     known = circle_modes()
     threads = [int(t) for t in args.threads.split(",")]
     python = {e: (args.et_python if e.startswith("et-") else sys.executable) for e in engines}
+    et_why = et_missing(args.et_python) if any(e.startswith("et-") for e in engines) else None
+    load_start = load()
     for e in engines:
+        if e.startswith("et-") and et_why:
+            notes[e] = et_why
+            failed.add(e)
+            continue
         if e in CIRCLE_MODES and e not in known:
             notes[e] = f"circle_fx has no quantize={CIRCLE_MODES[e]!r}"
             failed.add(e)
@@ -324,6 +345,8 @@ def main(argv=None) -> int:
 
     print(f"\n125M Llama, KV cache {CACHE}, decode at position {DECODE_AT} (median of {DECODE_STEPS} steps), "
           f"prefill {PREFILL} tokens; median over {args.rounds} interleaved rounds; cpu/wall in brackets")
+    print(f"machine: {os.cpu_count()} cores; {load_start} at the start, {load()} at the end "
+          "(other processes' load slows every engine; compare rows of one run only)")
     head = [f"decode {t}thr" for t in threads] + [f"prefill {t}thr" for t in threads]
     head += [f"bound {t}c" for t in threads] + ["files"]
     print(f"{'engine':<10}" + "".join(f"{h:>17}" for h in head))
