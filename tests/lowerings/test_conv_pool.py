@@ -43,6 +43,12 @@ FORMS = {
     "avg_pool_pad_excluded": (nn.AvgPool2d(3, 1, 1, count_include_pad=False), X4, "AVERAGE_POOL_2D"),
     "avg_pool_ceil": (nn.AvgPool2d(3, 2, ceil_mode=True), X4, "AVERAGE_POOL_2D"),
     "avg_pool_divisor_override": (nn.AvgPool2d(2, divisor_override=3), X4, "AVERAGE_POOL_2D"),
+    # EfficientNet's pooler: a window far longer than the map (ceil_mode: one output)
+    "avg_pool_kernel_beyond_input": (nn.AvgPool2d(2560, ceil_mode=True), r(1, 4, 2, 3), "AVERAGE_POOL_2D"),
+    "avg_pool_kernel_beyond_padded_input": (nn.AvgPool2d(7, 7, 1, ceil_mode=True), r(1, 4, 2, 3), "AVERAGE_POOL_2D"),
+    "avg_pool_kernel_beyond_padding_excluded": (nn.AvgPool2d(7, 7, 1, ceil_mode=True, count_include_pad=False),
+                                                r(1, 4, 2, 3), "AVERAGE_POOL_2D"),
+    "max_pool_kernel_beyond_input": (nn.MaxPool2d(7, ceil_mode=True), r(1, 4, 2, 3), "MAX_POOL_2D"),
     "adaptive_avg_pool_global": (nn.AdaptiveAvgPool2d(1), X4, "AVERAGE_POOL_2D"),
     "adaptive_avg_pool_3x4": (nn.AdaptiveAvgPool2d((3, 4)), X4, "AVERAGE_POOL_2D"),
     # uneven bins: 9 -> 2 is [0, 5), [4, 9) (kernel 5, stride 4), 12 -> 5 has bins of 3 and 4
