@@ -45,9 +45,21 @@ def cmd_export(args) -> int:
         raise InputError(f"{args.output}: the output name must end in .circle (onert picks its loader by extension)")
     check_output_path(args.output)  # before building and converting the model
     quantize = quant_options.quantize_from(args)  # bad options fail before the model is built
+    if args.static and quantize is not None:
+        raise InputError("--static (PT2E: uint8 activations and weights) and --quantize (weight-only) "
+                         "are two schemes; give one")
     model, inputs = build_model(args.model)
+    report = None
+    if args.static:
+        from .quant.static_flow import quantize_static
+
+        calibration = None
+        if args.calibration:
+            calibration = load_factory(args.calibration)()
+        model, report = quantize_static(model, inputs, calibration)
     cm = circle_fx.export(model, inputs, passes=[] if args.no_fuse else None,
-                          cast_to_float32=args.cast_to_float32, quantize=quantize)
+                          cast_to_float32=args.cast_to_float32, quantize=quantize,
+                          **(dict(quant_target="onert", quant_report=report) if args.static else {}))
     check = None
     if args.check:
         check = _compare_with_eager(cm, model, inputs)
@@ -59,6 +71,8 @@ def cmd_export(args) -> int:
           f"{len(cm.report.fusions)} fusions)")
     if check is not None:
         print(f"onert vs torch eager: max abs diff {check:.3g}")
+    if report is not None and not args.summary:  # the summary lists the report too
+        print("\n".join(report.lines(args.report_top)))
     if args.summary:
         print(cm.summary())
     else:  # the summary lists them too
@@ -121,6 +135,14 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--cast-to-float32", action="store_true",
                    help="export a float16/bfloat16 model in float32 (onert 0.1.0 runs no FLOAT16 tensor)")
     quant_options.add_arguments(e)
+    e.add_argument("--static", action="store_true",
+                   help="static PT2E quantization (CircleQuantizer(): uint8 linears, float residual stream) for "
+                        "onert; prints the widest calibrated ranges and the linears with the lowest SQNR vs float")
+    e.add_argument("--calibration", metavar="MODULE:FACTORY", default=None,
+                   help="--static: FACTORY() returns a list of input tuples to calibrate on (default: the "
+                        "example inputs)")
+    e.add_argument("--report-top", type=int, default=5, metavar="N",
+                   help="--static: how many ranges and worst layers to print (default 5)")
     e.set_defaults(func=cmd_export)
 
     i = sub.add_parser("inspect", help="print a .circle file's operators, tensors and buffers")
