@@ -130,9 +130,62 @@ def fake_mode_of(graph: fx.Graph, args: tuple = (), kwargs: dict | None = None):
     return _FAKE_MODES[graph]
 
 
+#: per fake mode: (target, signature of the inputs) -> the fake value computed for it
+_VALUES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _signature(x: Any):
+    """What a fake evaluation's result depends on: tensors by dtype, shape, strides and
+    offset (static ints only), Python scalars and lists by value; anything else (a SymInt,
+    an object) makes the call uncacheable."""
+    if isinstance(x, torch.Tensor):
+        shape, stride = tuple(x.shape), tuple(x.stride())
+        if not all(type(d) is int for d in shape + stride):
+            raise _Uncacheable
+        return ("T", x.dtype, shape, stride, x.storage_offset(), x.device.type, x.requires_grad)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, *(_signature(v) for v in x))
+    if isinstance(x, dict):
+        return ("dict", *((k, _signature(v)) for k, v in sorted(x.items())))
+    if x is None or type(x) in (int, float, bool, str) or isinstance(x, (torch.dtype, torch.device,
+                                                                        torch.memory_format, torch.layout)):
+        return (type(x).__name__, x)
+    raise _Uncacheable
+
+
 def infer_val(graph: fx.Graph, target, args: tuple, kwargs: dict):
-    """Run ``target`` on the fake values of its inputs to get the output's fake value."""
+    """Run ``target`` on the fake values of its inputs to get the output's fake value.
+
+    Memoized per fake mode on the inputs' dtypes, static shapes and strides and the other
+    arguments' values: a model's layers repeat the same ops on the same shapes, and a fake
+    evaluation (torch's dispatch, cache-key hashing, a new FakeTensor) costs far more than
+    the lookup. Nodes with equal signatures then share one (read-only) fake value.
+    """
     mode = fake_mode_of(graph, args, kwargs)
+    key = None
+    if mode is not None:
+        try:
+            key = (target, _signature(map_arg(args, lambda n: n.meta.get("val"))),
+                   _signature(map_arg(kwargs, lambda n: n.meta.get("val"))))
+            hash(key)
+        except (_Uncacheable, TypeError):
+            key = None
+        if key is not None:
+            cached = _VALUES.setdefault(mode, {}).get(key)
+            if cached is not None:
+                return type(cached)(cached) if type(cached) in (list, tuple) else cached
+    result = _evaluate(mode, target, args, kwargs)
+    if key is not None and (isinstance(result, torch.Tensor) or (
+            isinstance(result, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in result))):
+        _VALUES[mode][key] = result
+    return result
+
+
+def _evaluate(mode, target, args: tuple, kwargs: dict):
 
     def to_fake(n):
         v = n.meta.get("val")
