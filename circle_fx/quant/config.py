@@ -20,12 +20,23 @@ GGML_MODES = ("q8_0", "q4_0")
 EMBEDDING_MODES = ("uint8-rows", "q4_0")
 #: ``lm_head`` (the linear tied to the embedding, or named ``lm_head``): same mode as ``weights``
 LM_HEAD_AUTO = "auto"
+#: the linears a ``QuantConfig(sensitive=...)`` mix keeps at more bits, besides the first/last
+#: ``end_layers``: the MLP's output projection (Llama/Qwen/Mistral ``down_proj``, GPT-2's ``mlp.c_proj``,
+#: OPT-like ``fc2``, Meta-Llama's ``feed_forward.w2``, GPT-NeoX's ``dense_4h_to_h``). llama.cpp's
+#: Q4_K_M keeps ``ffn_down`` at more bits for the same reason; on SmolLM2-135M it was the most
+#: sensitive linear (benchmarks/README.md, quant_accuracy.py). Unlike ``overrides`` a model without
+#: such names is not an error.
+SENSITIVE_LINEARS = ("*.mlp.down_proj", "*.mlp.c_proj", "*.fc2", "*.feed_forward.w2", "*.mlp.dense_4h_to_h")
 #: shorthand strings accepted by ``export(..., quantize=...)`` and ``--quantize``, and what they mean
 PRESETS = {
     "int8-weights": dict(weights="int8", embedding="uint8-rows"),
     # 8-bit embedding rows: a Q4_0 table would cost more accuracy than every Q8_0 linear together
     "q8_0": dict(weights="q8_0", embedding="uint8-rows"),
-    "q4_0": dict(weights="q4_0", embedding="q4_0"),
+    # Q4_0 with the sensitive tensors at Q8_0 (lm_head, MLP output projections, first/last 2 layers):
+    # measured on SmolLM2-135M in onert +3.7 % perplexity at 126 MB vs pure Q4_0's +32 % at 77 MB
+    "q4_0": dict(weights="q4_0", embedding="q4_0", lm_head="q8_0", sensitive="q8_0", end_layers=2),
+    # every linear and the (tied) table Q4_0: the smallest file (a 3B model about 1.7 GB)
+    "q4_0-pure": dict(weights="q4_0", embedding="q4_0"),
 }
 
 
@@ -50,6 +61,11 @@ class QuantConfig:
       precision measured per tensor, e.g. ``{"*.mlp.down_proj": "q8_0"}`` with ``weights="q4_0"``
       (llama.cpp's Q4_K_M keeps ``ffn_down`` at higher precision likewise). Merged weights
       (``merge_linears``: q/k/v, gate/up) match when any member does. An unmatched pattern is an error.
+    - ``sensitive``: the mode (one of ``WEIGHT_MODES``) of the linears quantization hurts most:
+      those ``SENSITIVE_LINEARS`` names, and every linear of the first and last ``end_layers``
+      decoder layers (a layer is the first number after a dotted name, ``model.layers.<i>``,
+      ``transformer.h.<i>``; the count is the largest index + 1). None: they follow ``weights``. ``overrides`` win over it,
+      it wins over ``weights``; ``lm_head`` has its own field.
     """
 
     weights: str | None = "int8"
@@ -57,6 +73,8 @@ class QuantConfig:
     skip: tuple[str, ...] = ()
     lm_head: str | None = LM_HEAD_AUTO
     overrides: tuple[tuple[str, str | None], ...] = ()
+    sensitive: str | None = None
+    end_layers: int = 0
 
     @property
     def lm_head_mode(self) -> str | None:
@@ -73,6 +91,11 @@ class QuantConfig:
         if self.lm_head not in (None, LM_HEAD_AUTO, *WEIGHT_MODES):
             raise InputError(f"QuantConfig(lm_head={self.lm_head!r}): expected {LM_HEAD_AUTO!r}, one of "
                              f"{', '.join(map(repr, WEIGHT_MODES))} or None")
+        if self.sensitive not in (None, *WEIGHT_MODES):
+            raise InputError(f"QuantConfig(sensitive={self.sensitive!r}): expected one of "
+                             f"{', '.join(map(repr, WEIGHT_MODES))} or None")
+        if not isinstance(self.end_layers, int) or isinstance(self.end_layers, bool) or self.end_layers < 0:
+            raise InputError(f"QuantConfig(end_layers={self.end_layers!r}): expected an int >= 0")
         skip = (self.skip,) if isinstance(self.skip, str) else self.skip
         try:
             skip = tuple(skip)

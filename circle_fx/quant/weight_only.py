@@ -45,7 +45,7 @@ from ..passes.base import Pass
 from ..program import add_constant
 from .config import QuantConfig
 from ..circle import ggml
-from .config import GGML_MODES
+from .config import GGML_MODES, SENSITIVE_LINEARS
 from .ggml import pack as ggml_pack
 from .ops import embedding_ggml, embedding_w8, linear_ggml, linear_w8
 
@@ -74,6 +74,8 @@ class QuantizationRecord:
     q4_err: list = field(default_factory=lambda: [0.0, 0.0])
     #: ``QuantConfig.overrides`` pattern -> the weights it decided (first match wins), in graph order
     overridden: dict = field(default_factory=dict)
+    #: the weights ``QuantConfig.sensitive`` decided
+    sensitive: list = field(default_factory=list)
 
     def add(self, name, linears, embeddings, shape, encoding, nbytes) -> None:
         kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
@@ -97,9 +99,14 @@ class QuantizationRecord:
         return out
 
     def override_lines(self) -> list[str]:
-        """One line per ``QuantConfig.overrides`` pattern: its mode and the linears it set."""
-        return [f"override {p!r} -> {m or 'float'}: {len(self.overridden.get(p, ()))} linear(s): "
-                f"{compact_names(self.overridden.get(p, ()))}" for p, m in self.config.overrides]
+        """One line per ``QuantConfig.overrides`` pattern: its mode and the linears it set; one for
+        ``QuantConfig.sensitive`` when set."""
+        out = [f"override {p!r} -> {m or 'float'}: {len(self.overridden.get(p, ()))} linear(s): "
+               f"{compact_names(self.overridden.get(p, ()))}" for p, m in self.config.overrides]
+        if self.config.sensitive:
+            out.append(f"sensitive -> {self.config.sensitive}: {len(self.sensitive)} linear(s): "
+                       f"{compact_names(self.sensitive)}")
+        return out
 
     def lines(self) -> list[str]:
         uses: dict[str, int] = {}
@@ -182,7 +189,10 @@ class QuantizeWeights(Pass):
         record = QuantizationRecord(cfg)
         matched = set()
         changed = False
-        for attr in [n for n in g.nodes if n.op == "get_attr"]:
+        attrs = [n for n in g.nodes if n.op == "get_attr"]
+        self._layers = 1 + max((i for i in (_layer_index(names.get(a.target, a.target)) for a in attrs
+                                            if _uses(a)[0]) if i is not None), default=-1)
+        for attr in attrs:
             w = program.constant(attr)
             if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32:
                 continue
@@ -235,8 +245,13 @@ class QuantizeWeights(Pass):
         cfg = self.config
         lm_head = bool(embeddings) or _matches("*lm_head", name)
         lin = (cfg.lm_head_mode if lm_head else cfg.weights) if linears else None
+        if linears and not lm_head and cfg.sensitive and self._sensitive(name):
+            record.sensitive.append(name)
+            lin = cfg.sensitive
         hit = next(((p, m) for p, m in cfg.overrides if _matches(p, name)), None) if linears else None
         if hit:
+            if record.sensitive[-1:] == [name]:
+                record.sensitive.pop()
             record.overridden.setdefault(hit[0], []).append(name)
             lin = hit[1]
         emb = cfg.embedding if embeddings else None
@@ -252,6 +267,14 @@ class QuantizeWeights(Pass):
             record.fallbacks.append((name, f"q4_0 table -> uint8-rows: dim {cols} is not a multiple of {ggml.BLOCK}"))
             emb = "uint8-rows"
         return lin, emb
+
+    def _sensitive(self, name: str) -> bool:
+        """An MLP output projection (``SENSITIVE_LINEARS``), or a linear of the first or last
+        ``end_layers`` layers."""
+        if any(_matches(p, name) for p in SENSITIVE_LINEARS):
+            return True
+        i, k = _layer_index(name), self.config.end_layers
+        return i is not None and k > 0 and (i < k or i >= self._layers - k)
 
     def _rewrite(self, program, attr, w, linears, embeddings, record, name, lin, emb) -> None:
         """Shared encodings (int8 + uint8 rows, q4_0 + q4_0) keep a tied weight one buffer;
@@ -315,6 +338,14 @@ class QuantizeWeights(Pass):
             new = make_node(g, target, args, like=user)
         user.replace_all_uses_with(new)
         g.erase_node(user)
+
+
+def _layer_index(name: str) -> int | None:
+    """The decoder layer of a weight: the first number after a dotted name in its (first member's)
+    name, ``model.layers.3.mlp.up_proj.weight`` -> 3, ``transformer.h.3.attn...`` -> 3; None when it
+    has none (embedding, lm_head) or starts with one (a top-level ``Sequential``'s ``0.weight``)."""
+    m = re.search(r"[^.]\.(\d+)\.", name.split("+")[0] + ".")
+    return int(m.group(1)) if m else None
 
 
 def _dynamic(node) -> bool:
