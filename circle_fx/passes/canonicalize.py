@@ -158,12 +158,14 @@ class Canonicalize(Pass):
                 g.erase_node(n)
                 changed = True
                 continue
-            for rule in self.rules:
-                with g.inserting_before(n):
+            new = None
+            with g.inserting_before(n):  # once per node, not per rule (rules x nodes context switches)
+                for rule in self.rules:
                     new = rule(n, g)
-                if new is not None and new is not n:
-                    n.replace_all_uses_with(new)
-                    g.erase_node(n)
-                    changed = True
-                    break
+                    if new is not None and new is not n:
+                        break
+            if new is not None and new is not n:
+                n.replace_all_uses_with(new)
+                g.erase_node(n)
+                changed = True
         return changed
