@@ -57,3 +57,27 @@ def test_uint8_fully_connected_rounds_twice():
           f"of outputs (multiplier {s_x * s_w / s_o:.4g})")
     assert 0 < differ < 0.05
     assert np.abs(onert_q - once).max() == 1
+
+
+def test_quantize_rounds_ties_away_from_zero():
+    """onert's float -> uint8 QUANTIZE rounds a value exactly half-way between two steps away
+    from zero; torchao's ``quantize_per_tensor`` rounds it to even. Inputs ``(k + 0.5) * s_x``
+    through a linear with identity weights (per-row weights: a float-island FC, so the input
+    QUANTIZE is the only rounding that can differ): the file and the fake-quant model differ
+    at exactly the k where the two rules disagree."""
+    from circle_fx.quant import CircleQuantizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)).eval()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.eye(4))
+    calibration = torch.linspace(-2, 2, 64).reshape(16, 4)
+    converted = quantize_pt2e(model, (calibration,), [(calibration,)], CircleQuantizer(per_channel_weights=True))
+    q = next(n for n in converted.graph.nodes if "quantize_per_tensor" in str(n.target))
+    s_x, z_x = float(q.args[1]), int(q.args[2])
+    k = np.arange(-32, 32)
+    x = torch.from_numpy(((k + 0.5) * np.float32(s_x)).astype(np.float32).reshape(16, 4))
+    (y,) = circle_fx.export(converted, (x,), quant_target="onert").run(x)
+    differ = np.abs(y - converted(x).detach().numpy()).reshape(-1) > 1e-6
+    away_vs_even = ((k < 0) & (k % 2 == 1)) | ((k >= 0) & (k % 2 == 0))  # where round-half-away != half-even
+    assert z_x == 127
+    assert np.array_equal(differ, away_vs_even)
