@@ -20,6 +20,11 @@ each family that ``circle_fx.export`` runs (its row in ``docs/model-support.json
   and repetition penalties) are off in the reference (:data:`NO_PROCESSORS`): the runner's greedy
   applies none, so both sides pick the plain argmax.
 
+Models are built as decoders (``hf_families.build(decoder=True)``: ``config.is_decoder`` set
+where the config has it): BERT-style ``…ForCausalLM`` classes default to ``is_decoder=False``,
+a bidirectional mask and no cache, which is no decoder (transformers warns so), and whose
+padded prefill then attends to the padding (Megatron-BERT, XLM-RoBERTa-XL mismatched so).
+
 A model with conv / recurrent state (``prefill.pads`` false in its manifest) prefills only a
 prompt of at least ``prefill_len`` tokens: its short prompt goes through decode steps both times.
 
@@ -94,7 +99,7 @@ def check(fam: hf.HfFamily) -> dict:
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # capture errors are rows
     row = {"family": fam.model_type, "class": fam.model_class}
     try:
-        model = hf.build(fam.model_type, fam.model_class)
+        model = hf.build(fam.model_type, fam.model_class, decoder=True)
     except Exception as e:
         return {**row, "status": "skipped", "reason": f"tiny config does not build: {type(e).__name__}: "
                                                       f"{ms._first_line(e)}"}
@@ -172,7 +177,9 @@ def markdown(rows: list[dict]) -> str:
         "token transformers generates third is made the EOS id of both, which must stop at the same place.",
         "The generation config's logits processors (e.g. BART's `forced_eos_token_id`) are off in the",
         "reference, as in the runner's greedy. Models with conv / recurrent state prefill exact-length",
-        "prompts only: their short prompt goes through decode steps.",
+        "prompts only: their short prompt goes through decode steps. Models are built as decoders",
+        "(`config.is_decoder = True` where the config has it: BERT-style `…ForCausalLM` classes default to a",
+        "bidirectional mask and no cache).",
         "",
         f"**{len(ok)} of {len(exported)} families that `export` runs generate transformers' exact tokens.**",
         "",

@@ -369,13 +369,20 @@ def is_rms_norm_module(module: torch.nn.Module) -> bool:
     return by_name(module) or "RMSNorm" in type(module).__name__
 
 
-def build(model_type: str, model_class: str) -> torch.nn.Module:
+def build(model_type: str, model_class: str, decoder: bool = False) -> torch.nn.Module:
     """The tiny random model, norm scales perturbed away from ones/zeros (a dropped or
     wrongly applied norm weight must change the output), and constant weight matrices made
-    random (:func:`break_ties`)."""
+    random (:func:`break_ties`).
+
+    ``decoder``: set ``config.is_decoder`` where the config has it (BERT-style ``…ForCausalLM``
+    classes: their default ``False`` builds a bidirectional-mask model whose layers skip the
+    cache, which transformers itself warns is not a standalone decoder); the generation table
+    builds every family this way, the export table as the config comes."""
     import transformers
 
     config = tiny_config(model_type, model_class)
+    if decoder and hasattr(config, "is_decoder"):
+        config.is_decoder = True
     cls = getattr(transformers, model_class)
     params = inspect.signature(cls.forward).parameters
     if "input_ids" not in params:
