@@ -50,8 +50,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 CACHE, PREFILL, DECODE_AT, DECODE_STEPS, PREFILL_REPS = 256, 128, 128, 24, 3
-# q4_0 here is the all-Q4_0 file (the q4_0 preset keeps some linears Q8_0: BYTES_PER_WEIGHT would not hold)
-CIRCLE_MODES = {"f32": None, "int8": "int8-weights", "q8_0": "q8_0", "q4_0": "q4_0-pure"}
+CIRCLE_MODES = {"f32": None, "int8": "int8-weights", "q8_0": "q8_0", "q4_0": "q4_0"}
 # bytes per weight the engine streams per decode step (GGML: 32 weights + one float16 scale per block)
 BYTES_PER_WEIGHT = {"f32": 4.0, "int8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "et-fp32": 4.0,
                     "et-8da8w": 1.0, "et-8da4w": 0.5 + 2 / 32, "torch": 4.0}

@@ -65,9 +65,9 @@ MODES = [
     Mode("float32"),
     Mode("int8-weights", {"quantize": "int8-weights"}, {"quantize": "int8-weights"}),
     Mode("q8_0", {"quantize": "q8_0"}, {"quantize": "q8_0"}),
-    # the preset: lm_head, down_proj, layers 0, 1, 28, 29 at Q8_0 (= q4_0+emb4+head8+down8+ends8)
     Mode("q4_0", {"quantize": "q4_0"}, {"quantize": "q4_0"}),
-    Mode("q4_0-pure", {"quantize": "q4_0-pure"}, {"quantize": "q4_0-pure"}),
+    # the preset with lm_head, down_proj, layers 0, 1, 28, 29 at Q8_0 (= q4_0+emb4+head8+down8+ends8)
+    Mode("q4_0-mix", {"quantize": "q4_0-mix"}, {"quantize": "q4_0-mix"}),
     # mixes (``--modes`` picks rows): emb/head = the embedding table's and lm_head's encodings (4: Q4_0,
     # 8: uint8 rows / Q8_0), then the linears set to Q8_0 by overrides
     _mixed("q4_0+emb4+head8", embedding="q4_0"),

@@ -52,7 +52,7 @@ def test_bad_quantize_value_fails_before_capture():
 
 
 def test_cli_overrides_and_manifest_weight_formats(tmp_path, capsys):
-    """``export-llm --quantize q4_0-pure --override ...``: the manifest records each weight's encoding under
+    """``export-llm --quantize q4_0 --override ...``: the manifest records each weight's encoding under
     the model's own names (not the export wrapper's), the config, and NUM_THREADS=1 for the GGML
     kernels; the command prints the linears each override matched."""
     import json
@@ -63,7 +63,7 @@ def test_cli_overrides_and_manifest_weight_formats(tmp_path, capsys):
     factory = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llm_models.py")
     out = str(tmp_path / "pkg")
     assert main(["export-llm", f"{factory}:tiny_llama_factory", "-o", out, "--max-seq-len", "16", "--prefill-len",
-                 "4", "--quantize", "q4_0-pure", "--embedding", "uint8-rows", "--lm-head", "q8_0",
+                 "4", "--quantize", "q4_0", "--embedding", "uint8-rows", "--lm-head", "q8_0",
                  "--override", "model.layers.0.*=q8_0"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("override "))
     assert line.startswith("override 'model.layers.0.*' -> q8_0: 4 linear(s): ") and "model.layers.0.mlp.down_proj" in line

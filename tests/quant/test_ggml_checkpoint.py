@@ -20,7 +20,7 @@ from circle_fx.quant.ggml import pack
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not checkpoint.available(), reason=checkpoint.SKIP_REASON)]
 
-BOUNDS = {"q8_0": 1.01, "q4_0": 1.08}
+BOUNDS = {"q8_0": 1.01, "q4_0-mix": 1.08}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,9 @@ def reference():
         return model, ids, checkpoint.perplexity(model(ids).logits, ids)
 
 
-# q4_0 is the preset with lm_head, down_proj and layers 0, 1, 28, 29 at Q8_0 (measured: graph +2.9 %, onert
-# +3.7 %); q4_0-pure (every linear Q4_0) is +31 % and is not held to the 8 % goal
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+# q4_0-mix keeps lm_head, down_proj and layers 0, 1, 28, 29 at Q8_0 (measured: graph +2.9 %, onert +3.7 %);
+# plain q4_0 (every linear Q4_0) is +31 % (graph 24.19 vs 18.44): over issue 17's 8 %, not tested here
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0-mix"])
 def test_perplexity_within_bound_of_float(reference, kind):
     model, ids, ppl_float = reference
     program = circle_fx.capture(model, (ids,), example_kwargs={"use_cache": False})

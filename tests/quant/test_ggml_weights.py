@@ -94,7 +94,7 @@ def _types(cm):
     return cf, [t for t in cf.tensors if ggml.block_type(t.type) is not None]
 
 
-@pytest.mark.parametrize("preset, kind, bound", [("q8_0", "q8_0", 0.03), ("q4_0-pure", "q4_0", 0.25)])
+@pytest.mark.parametrize("preset, kind, bound", [("q8_0", "q8_0", 0.03), ("q4_0", "q4_0", 0.25)])
 def test_llama_exports_ggml_blocks_close_to_float(preset, kind, bound):
     """Graph (dequantized weights, eager) vs float logits, measured: q8_0 1.5 %, q4_0 17 %
     (random weights are the worst case for 16 levels); the file holds GGML types and is smaller."""
@@ -117,7 +117,7 @@ def test_llama_exports_ggml_blocks_close_to_float(preset, kind, bound):
 
 def test_tied_q4_0_table_and_lm_head_share_one_buffer():
     model, ids = _llama(tie=True)
-    cm, program = _export(model, ids, "q4_0-pure")
+    cm, program = _export(model, ids, "q4_0")
     cf, blocks = _types(cm)
     head = [op for op in cf.operators if op.name == "FULLY_CONNECTED"][-1]
     gather = next(op for op in cf.operators if op.name == "GATHER" and cf.tensors[op.inputs[0]].type == ggml.Q4_0.circle_type)
@@ -164,17 +164,17 @@ def test_overrides_set_the_mode_of_matching_linears():
         QuantConfig(weights="q4_0", overrides={"*.mlp.down_proj": "q5_0"})
 
 
-def test_q4_0_preset_keeps_the_sensitive_linears_at_q8_0():
-    """``quantize="q4_0"`` is the mix measured within 8 % of float on SmolLM2 (benchmarks/README.md):
+def test_q4_0_mix_keeps_the_sensitive_linears_at_q8_0():
+    """``quantize="q4_0-mix"`` is the mix measured within 8 % of float on SmolLM2 (benchmarks/README.md):
     lm_head, every MLP output projection and all linears of the first and last 2 layers at Q8_0, the
-    rest and the embedding table Q4_0; ``q4_0-pure`` keeps every linear Q4_0; overrides win."""
+    rest and the embedding table Q4_0; ``q4_0`` keeps every linear Q4_0; overrides win."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                                          num_attention_heads=4, num_key_value_heads=2, use_cache=False)).eval()
     ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
-    cm = circle_fx.export(model, (ids,), quantize="q4_0", verbose=False)
+    cm = circle_fx.export(model, (ids,), quantize="q4_0-mix", verbose=False)
     enc = cm.report.quantization.encodings()
     for i in range(6):
         end = i in (0, 1, 4, 5)
@@ -183,7 +183,7 @@ def test_q4_0_preset_keeps_the_sensitive_linears_at_q8_0():
         assert enc[f"model.layers.{i}.mlp.gate_proj+model.layers.{i}.mlp.up_proj"] == ("q8_0" if end else "q4_0")
     assert enc["lm_head"] == "q8_0" and enc["model.embed_tokens"] == "q4_0"
     assert "sensitive -> q8_0: 18 linear(s): " in cm.summary()
-    pure = circle_fx.export(model, (ids,), quantize="q4_0-pure", verbose=False).report.quantization.encodings()
+    pure = circle_fx.export(model, (ids,), quantize="q4_0", verbose=False).report.quantization.encodings()
     assert set(pure.values()) == {"q4_0"} and pure.keys() == enc.keys()
     cfg = QuantConfig(weights="q4_0", sensitive="q8_0", end_layers=1, overrides={"model.layers.0.mlp.down_proj": "q4_0"})
     enc = circle_fx.export(model, (ids,), quantize=cfg, verbose=False).report.quantization.encodings()
@@ -200,13 +200,13 @@ def test_q4_0_preset_keeps_the_sensitive_linears_at_q8_0():
 
 
 def test_cli_override_options(tmp_path, capsys):
-    """``--quantize q4_0-pure --override PATTERN=MODE --embedding/--lm-head MODE``: the file follows them and
+    """``--quantize q4_0 --override PATTERN=MODE --embedding/--lm-head MODE``: the file follows them and
     the command prints the linears each override matched; a typo'd pattern or a bad spelling is a
     one-line error naming it, and nothing is written."""
     from circle_fx.cli import main
 
     out = str(tmp_path / "m.circle")
-    assert main(["export", "circle_fx.demo:tiny_llama", "-o", out, "--quantize", "q4_0-pure", "--embedding", "uint8-rows",
+    assert main(["export", "circle_fx.demo:tiny_llama", "-o", out, "--quantize", "q4_0", "--embedding", "uint8-rows",
                  "--lm-head", "q8_0", "--override", "*.mlp.down_proj=q8_0", "--override", "*.o_proj=float"]) == 0
     text = capsys.readouterr().out
     assert "override '*.mlp.down_proj' -> q8_0: 2 linear(s): model.layers.{0-1}.mlp.down_proj" in text, text
@@ -243,7 +243,7 @@ def test_in_features_not_a_multiple_of_32_falls_back_to_int8():
 
 def test_verify_checks_block_bytes():
     model, ids = _llama(tie=False)
-    cm, _ = _export(model, ids, "q4_0-pure")
+    cm, _ = _export(model, ids, "q4_0")
     m = circle.Model.ModelT.InitFromPackedBuf(cm.to_bytes(), 0)
     sg = m.subgraphs[0]
     bad = next(t for t in sg.tensors if t.type == ggml.Q4_0.circle_type)
