@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
     import checkpoint
     import circle_fx
-    from quant_accuracy import PROMPT
+    from quant_accuracy import PROMPT, print_table
 
     warnings.filterwarnings("ignore")
     if not checkpoint.available():
@@ -102,12 +102,7 @@ def main(argv=None) -> int:
         print("  done:", rows[-1], f"{time.perf_counter() - t:.0f} s", flush=True)
         del cm, program
     cols = ["config", "file MB", "lead graph", "lead onert", "float margin there", "|d margin| onert", "rel L2 onert"]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    print()
-    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print("| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |")
+    print_table(cols, rows)
     return 0
 
 

@@ -114,6 +114,16 @@ def _decode(model, mode: Mode, tmp: str, args, prompt_ids):
     return 1e3 * statistics.median(ts), tokens
 
 
+
+def print_table(cols, table):
+    """Print rows of strings as one Markdown table (shared by the quantization benchmarks)."""
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    print()
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for t in table:
+        print("| " + " | ".join(v.ljust(w) for v, w in zip(t, widths)) + " |")
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--modes", nargs="*", default=[m.name for m in MODES])
@@ -197,13 +207,7 @@ def main(argv=None) -> int:
             return f"{100 * v:.1f}%"
         return f"{v:.2f}" if isinstance(v, float) else str(v)
 
-    table = [[cell(r, c) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
-    print()
-    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for t in table:
-        print("| " + " | ".join(v.ljust(w) for v, w in zip(t, widths)) + " |")
+    print_table(cols, [[cell(r, c) for c in cols] for r in rows])
     for n in notes:
         print("note:", n)
     return 0
