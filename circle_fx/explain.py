@@ -35,7 +35,7 @@ from .fusions import families
 from .passes import default_pipeline, finalize_pipeline, fuse_family, run_passes
 from .patterns.matcher import MatchFailure
 from .patterns.rewrite import try_rewrite
-from .quant.smooth_rules import smooth_candidates
+from .quant.smooth_rules import SEES_GRAPH_AFTER, smooth_candidates
 from .source import describe, op_name, source_line
 
 
@@ -162,11 +162,12 @@ def explain_program(program) -> ExplainResult:
         result.smooth_groups = [g.kind for g in groups]
         return False
 
-    if "fuse_rms_norm" in pipeline.names():
-        pipeline.insert_after("fuse_rms_norm", smooth_quant_candidates)
+    if SEES_GRAPH_AFTER in pipeline.names():
+        pipeline.insert_after(SEES_GRAPH_AFTER, smooth_quant_candidates)
     run_passes(program, pipeline)
-    run_passes(program, finalize_pipeline())
     graph = program.gm.graph
+    # candidates are looked for where the fusions left the graph: finalize_pipeline then
+    # decomposes what they may match (erf, deferred past them as an approximation)
     # by root, each with its position so candidates see them in recording order
     recorded: dict[fx.Node, list] = {}
     for i, f in enumerate(program.fusion_log.near_misses):
@@ -180,10 +181,6 @@ def explain_program(program) -> ExplainResult:
     for node in graph.nodes:
         if node.op != "call_function":
             continue
-        reason = refusal(node)
-        if reason is not None:
-            result.refused.append(Refused(op_name(node.target), node.name,
-                                          source_line(node), reason))
         entry = None
         for family, fuse, hint in ((f, p, h) for f, p in fuses for h in f.candidates):
             if not hint.detect(node) or (hint.skip_near_reported and _near(node, reported)):
@@ -193,6 +190,11 @@ def explain_program(program) -> ExplainResult:
         if entry is not None:
             reported.add(node)
             result.entries.append(entry)
+    # refusals on the graph the emitter will see
+    run_passes(program, finalize_pipeline())
+    for node in program.gm.graph.nodes:
+        if node.op == "call_function" and (reason := refusal(node)) is not None:
+            result.refused.append(Refused(op_name(node.target), node.name, source_line(node), reason))
     return result
 
 

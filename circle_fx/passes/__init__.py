@@ -47,8 +47,9 @@ def default_pipeline() -> Pipeline:
 
 
 def finalize_pipeline() -> Pipeline:
-    # decompose too: the emitter has no lowering for composites such as aten.rms_norm
-    return Pipeline([DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination()])
+    # decompose too: the emitter has no lowering for composites such as aten.rms_norm, and
+    # the approximate decompositions the default pipeline deferred past the fusions happen here
+    return Pipeline([DecomposeComposites(defer=()), Canonicalize(), FoldConstants(), DeadCodeElimination()])
 
 
 __all__ = ["Pass", "PassLike", "pass_name", "Canonicalize", "DeadCodeElimination", "DecomposeComposites", "FoldConstants",

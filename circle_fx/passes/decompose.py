@@ -27,9 +27,19 @@ REWRITES = {torch.ops.aten.index.Tensor: flat_index}
 
 class DecomposeComposites(Pass):
     """Replace composite ops (``aten.rms_norm``) by Circle ops or primitive aten ops, then
-    decompose every op that has no lowering into ops that do (when possible)."""
+    decompose every op that has no lowering into ops that do (when possible).
+
+    ``defer``: ops left alone here (by default the approximate decompositions,
+    ``decompositions.APPROXIMATIONS``, so fusions see the exact op first);
+    ``finalize_pipeline`` passes none, so they are decomposed before emission."""
 
     name = "decompose"
+
+    def __init__(self, defer=None) -> None:
+        super().__init__()
+        from .decompositions import APPROXIMATIONS
+
+        self.defer = APPROXIMATIONS if defer is None else frozenset(defer)
 
     def run(self, program) -> bool:
         g = program.gm.graph
@@ -56,7 +66,7 @@ class DecomposeComposites(Pass):
         from .decompose_unlowered import decompose_unlowered
 
         changed |= complex_to_real(program)
-        return decompose_unlowered(program) or changed
+        return decompose_unlowered(program, defer=self.defer) or changed
 
 
 def _op_name(target) -> str:

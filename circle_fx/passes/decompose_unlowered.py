@@ -218,10 +218,11 @@ def _flat_nodes(args, kwargs) -> list:
     return out
 
 
-def decompose_unlowered(program, max_rounds: int = 4) -> bool:
-    """Decompose every input-dependent node without a lowering; True if the graph changed."""
+def decompose_unlowered(program, max_rounds: int = 4, defer=frozenset()) -> bool:
+    """Decompose every input-dependent node without a lowering, except those whose op is in
+    ``defer`` (left for a later decompose); True if the graph changed."""
     live = input_dependent(program.gm.graph)
-    if not any(n in live and _unlowered(n) for n in program.gm.graph.nodes):
+    if not any(n in live and n.target not in defer and _unlowered(n) for n in program.gm.graph.nodes):
         return False  # the common case: every op lowers, no table needed
     table = _Restricted(_tables())
     cache: dict = {}
@@ -231,7 +232,7 @@ def decompose_unlowered(program, max_rounds: int = 4) -> bool:
         live = input_dependent(g)
         round_changed = False
         for n in list(g.nodes):
-            if n not in live or not _unlowered(n):
+            if n not in live or n.target in defer or not _unlowered(n):
                 continue
             key = _key(n)
             if key is None or key not in cache:

@@ -412,6 +412,13 @@ REFUSED_FORMS = {
 }
 
 
+#: ops whose decomposition only approximates them (polynomials): the first ``decompose`` of the
+#: default pipeline leaves them for ``finalize_pipeline``'s, so fusion families see the exact op
+#: first (a hand-written exact GELU ``0.5 * x * (1 + erf(x / sqrt 2))`` can still fuse into one
+#: GELU, by a user's family too, before ``erf`` becomes EXP and polynomials)
+APPROXIMATIONS = frozenset({aten.erf.default, aten.acos.default, aten.asin.default})
+
+
 DECOMPOSITIONS = {
     aten.unfold.default: unfold,
     aten.col2im.default: col2im,

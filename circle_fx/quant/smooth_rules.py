@@ -40,6 +40,10 @@ from ..source import describe, source_line
 aten = torch.ops.aten
 ATTENTION_OPS = {aten.scaled_dot_product_attention.default: 2, aten.matmul.default: 1, aten.bmm.default: 1}
 
+#: the pipeline pass after which the groups can be found: SmoothQuant reads the RMSNorm-fused
+#: graph (``explain`` inserts its look right after it, so it names no family itself)
+SEES_GRAPH_AFTER = "fuse_rms_norm"
+
 
 @dataclass
 class SmoothGroup:
