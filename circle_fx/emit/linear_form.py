@@ -17,8 +17,12 @@ that varies at run time (decoding one token) is exactly the one CONV_2D loses.
 
 A node may force its form with ``node.meta["circle_fx.linear_form"]`` (one of :data:`FORMS`),
 which tests and ``benchmarks/onert_speed.py`` use. A linear whose weight is quantized
-(``node.meta["circle_fx.quant"]``) keeps FULLY_CONNECTED: that is the only form whose hybrid
-int8 kernel was measured.
+(``node.meta["circle_fx.quant"]``) keeps FULLY_CONNECTED. Its per-row-count choice is the
+weight's *encoding*, made by the quantize pass (``QuantConfig.blocks_from_rows``: int8 rows at
+few rows, Q8_0 blocks from 16 rows): ``benchmarks/onert_prefill_forms.py`` measured every form
+onert runs for a quantized weight (hybrid int8 FC, ggml Q8_0/Q4_0 FC, DEQUANTIZE -> FC,
+DEQUANTIZE -> CONV_2D) at 1, 16 and 128 rows, and dequantizing to reach the multithreaded
+CONV_2D never won (the per-call dequantization costs more than the product).
 """
 from __future__ import annotations
 

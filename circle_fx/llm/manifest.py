@@ -50,6 +50,8 @@ Each part also has ``"limits"``: the ``circle_fx.limits`` metadata its file carr
 merged q/k/v or gate/up weight joined by ``+``), ENCODING one of ``q4_0``, ``q8_0`` (GGML blocks),
 ``int8`` (per-row int8 + MUL by the row scales), ``uint8`` (embedding rows, zero point 128);
 a tied weight stored once per encoding reads ``q8_0+uint8``; a weight not listed is float32.
+The two files may differ: with ``int8`` weights the prefill's linears (``prefill_len`` >= 16 rows)
+are ``q8_0`` and the decode's ``int8`` (``QuantConfig.blocks_from_rows``: the faster kernel per row count).
 ``num_threads``: onert reads the ``NUM_THREADS`` environment variable when it prepares a session
 (``nnfw_prepare``, per session); a host should set it to this value before preparing sessions for
 these files (``LLMRunner`` and ``CircleModel.run`` do, unless ``NUM_THREADS`` is already set) (measured on an

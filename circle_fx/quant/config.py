@@ -26,6 +26,12 @@ LM_HEAD_AUTO = "auto"
 #: Q4_K_M keeps ``ffn_down`` at more bits for the same reason; on SmolLM2-135M it was the most
 #: sensitive linear (benchmarks/README.md, quant_accuracy.py). Unlike ``overrides`` a model without
 #: such names is not an error.
+#: ``QuantConfig.blocks_from_rows``' default: an ``int8`` linear with at least this many static rows
+#: is stored as ``q8_0`` blocks. Measured (benchmarks/onert_prefill_forms.py, docs/onert-findings.md
+#: "Linear forms by row count"): the benchmark Llama's 48 layer linears at 16 rows took 196 ms as
+#: ggml's Q8_0 FULLY_CONNECTED vs 290-355 ms as onert's hybrid int8 one, at 128 rows 1300 vs 2690 ms
+#: (0.5x), dequantize-then-CONV_2D 3700-4000 ms; at one row (decode) the two kernels are even.
+BLOCKS_FROM_ROWS = 16
 SENSITIVE_LINEARS = ("*.mlp.down_proj", "*.mlp.c_proj", "*.fc2", "*.feed_forward.w2", "*.mlp.dense_4h_to_h")
 #: shorthand strings accepted by ``export(..., quantize=...)`` and ``--quantize``, and what they mean
 PRESETS = {
@@ -67,6 +73,13 @@ class QuantConfig:
       decoder layers (a layer is the first number after a dotted name, ``model.layers.<i>``,
       ``transformer.h.<i>``; the count is the largest index + 1). None: they follow ``weights``. ``overrides`` win over it,
       it wins over ``weights``; ``lm_head`` has its own field.
+    - ``blocks_from_rows``: an ``int8`` linear whose input has a static row count (product of its
+      leading dims) of at least this many rows is stored as ``q8_0`` blocks instead: at 16-128 rows
+      (an LLM's prefill) onert's ggml Q8_0 kernel runs in about half the time of its hybrid int8
+      FULLY_CONNECTED (``BLOCKS_FROM_ROWS``), and Q8_0 blocks are at least as accurate (a scale per
+      32 weights). One row (decode) keeps int8 rows. A weight also read as an embedding table keeps
+      int8 (one shared buffer). None: int8 rows at every row count, so the file has no GGML tensor
+      and runs where onert's ggml kernels cannot (CPUs without AVX-512).
     """
 
     weights: str | None = "int8"
@@ -76,6 +89,7 @@ class QuantConfig:
     overrides: tuple[tuple[str, str | None], ...] = ()
     sensitive: str | None = None
     end_layers: int = 0
+    blocks_from_rows: int | None = BLOCKS_FROM_ROWS
 
     @property
     def lm_head_mode(self) -> str | None:
@@ -97,6 +111,10 @@ class QuantConfig:
                              f"{', '.join(map(repr, WEIGHT_MODES))} or None")
         if not isinstance(self.end_layers, int) or isinstance(self.end_layers, bool) or self.end_layers < 0:
             raise InputError(f"QuantConfig(end_layers={self.end_layers!r}): expected an int >= 0")
+        if self.blocks_from_rows is not None and (not isinstance(self.blocks_from_rows, int)
+                                                  or isinstance(self.blocks_from_rows, bool)
+                                                  or self.blocks_from_rows < 1):
+            raise InputError(f"QuantConfig(blocks_from_rows={self.blocks_from_rows!r}): expected an int >= 1 or None")
         skip = (self.skip,) if isinstance(self.skip, str) else self.skip
         try:
             skip = tuple(skip)

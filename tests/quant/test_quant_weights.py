@@ -46,6 +46,11 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+#: ``int8-weights`` with int8 rows at every row count: these tests run 128 rows, where the
+#: default stores int8 linears as q8_0 blocks (``QuantConfig.blocks_from_rows``, tested below)
+INT8_ROWS = QuantConfig(blocks_from_rows=None)
+
+
 @pytest.fixture(scope="module")
 def llama():
     """A Llama-shaped model (4 layers, hidden 256, vocab 4096), exported float and int8."""
@@ -53,7 +58,7 @@ def llama():
     with torch.no_grad():
         ref = model(ids).logits.numpy()
     fp = circle_fx.export(model, (ids,), verbose=False)
-    q8, program = _export(model, (ids,), quantize="int8-weights")
+    q8, program = _export(model, (ids,), quantize=INT8_ROWS)
     return model, ids, ref, fp, q8, program
 
 
@@ -222,7 +227,7 @@ def test_weight_with_other_users_stays_float_and_says_why():
 
 def test_skip_patterns_keep_weights_float(llama):
     model, ids, *_ = llama
-    cfg = QuantConfig(skip=["lm_head", "model.layers.0.mlp.*"])
+    cfg = QuantConfig(skip=["lm_head", "model.layers.0.mlp.*"], blocks_from_rows=None)
     cm = circle_fx.export(model, (ids,), quantize=cfg, verbose=False)
     skipped = {n for n, _ in cm.report.quantization.skipped}
     # gate/up were merged into one weight by merge_linears: skipping either keeps the merged one float
@@ -257,6 +262,7 @@ def test_bad_quantize_values_are_clear_errors(bad, words):
     ({"embedding": "int8"}, "QuantConfig(embedding='int8'): expected one of 'uint8-rows', 'q4_0' or None"),
     ({"skip": [3]}, "patterns must be non-empty strings"),
     ({"weights": None, "embedding": None}, "quantizes nothing"),
+    ({"blocks_from_rows": 0}, "QuantConfig(blocks_from_rows=0): expected an int >= 1 or None"),
 ])
 def test_bad_config_values_are_clear_errors(kwargs, words):
     with pytest.raises(InputError) as e:
@@ -383,3 +389,36 @@ def test_verify_checks_dequantize_operands(qbytes):
     with pytest.raises(VerifyError) as e:
         circle_fx.verify(_mutate(qbytes, float_out_becomes_int))
     assert any("DEQUANTIZE" in p and "not FLOAT32" in p for p in e.value.problems), e.value.problems
+
+
+# ------------------------------------------------------------------ encoding by row count
+class _TwoLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 96), torch.nn.Linear(96, 40)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("rows", [QuantConfig.blocks_from_rows - 1, QuantConfig.blocks_from_rows])
+def test_int8_linears_with_many_rows_become_q8_0_blocks(rows):
+    """``blocks_from_rows``: from 16 static rows an int8 linear is stored as q8_0 blocks (ggml's
+    kernel, twice as fast as the hybrid int8 FC there, benchmarks/onert_prefill_forms.py); fewer
+    rows keep int8 rows; the q8_0 file matches the model where onert's ggml kernels run."""
+    from circle_fx.circle.ggml_support import ggml_unsupported_reason
+
+    torch.manual_seed(0)
+    model, x = _TwoLinears().eval(), torch.randn(1, rows, 64)
+    cm = circle_fx.export(model, (x,), quantize="int8-weights", verbose=False)
+    cf = read_circle(cm.to_bytes())
+    fc = [cf.tensors[op.inputs[1]].type_name for op in cf.operators if op.name == "FULLY_CONNECTED"]
+    many = rows >= QuantConfig.blocks_from_rows
+    assert fc == ["GGML_Q8_0" if many else "INT8"] * 2  # in_features 64 and 96: whole blocks of 32
+    text = cm.summary()
+    assert ("int8 -> q8_0 for >= 16 rows (QuantConfig.blocks_from_rows): 2 linear(s)" in text) == many
+    if many and ggml_unsupported_reason():
+        pytest.skip(f"onert's GGML kernels do not run here: {ggml_unsupported_reason()}")
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert _rel(cm.run(x.numpy())[0], ref) < 0.03  # weight rounding + per-block/row activation quantization
