@@ -83,3 +83,30 @@ def test_cli_overrides_and_manifest_weight_formats(tmp_path, capsys):
         assert np.isfinite(runner.step(3, 0)).all() and "NUM_THREADS" not in os.environ
     pkg = circle_fx.export_llm(tiny("llama"), max_seq_len=16, prefill_len=4)
     assert pkg.manifest["weights"]["quantize"] is None and pkg.manifest["weights"]["num_threads"] is None
+
+
+@pytest.mark.slow  # a second export_llm (~15 s under load); the rule itself: tests/quant/test_quant_weights.py
+def test_prefill_of_16_rows_gets_q8_0_blocks_decode_keeps_int8(tmp_path):
+    """``QuantConfig.blocks_from_rows``: a prefill of >= 16 rows stores its linears as Q8_0 blocks
+    (ggml's kernel, the fastest 8-bit form there), the 1-row decode keeps int8 rows; the manifest
+    says so, and where onert's ggml kernels run the prefill agrees with decode steps."""
+    from circle_fx.circle.ggml_support import ggml_unsupported_reason
+
+    model = tiny("llama")
+    pkg = circle_fx.export_llm(model, max_seq_len=32, prefill_len=16, quantize="int8-weights")
+    pkg.save(tmp_path)
+    fc = {part: {read_circle(pkg.path(part)).tensors[op.inputs[1]].type_name
+                 for op in read_circle(pkg.path(part)).operators if op.name == "FULLY_CONNECTED"}
+          for part in ("decode", "prefill")}
+    # the prefill's lm_head runs on the last row only: 1 row, int8 (tied with the table or not)
+    assert fc["decode"] == {"INT8"} and "GGML_Q8_0" in fc["prefill"], fc
+    w = pkg.manifest["weights"]
+    assert set(w["decode"].values()) <= {"int8", "uint8"} and "q8_0" in w["prefill"].values(), w
+    if ggml_unsupported_reason():
+        pytest.skip(f"onert's GGML kernels do not run here: {ggml_unsupported_reason()}")
+    runner = pkg.runner(tmp_path)
+    ids = [3, 17, 42, 5, 99, 64]
+    steps = np.stack([runner.step(t, p) for p, t in enumerate(ids)])
+    runner.reset()
+    prefill = runner.run_prefill(ids)
+    assert np.abs(prefill - steps[-1]).max() / np.abs(steps[-1]).max() < 0.03
