@@ -1,19 +1,21 @@
 """Reading Circle files back: a flat, typed view used by ``inspect``, ``verify`` and tests.
 
-Uses circle_schema's generated accessors directly (not the object API), so buffer data is
+Reads the tables with ``struct`` over the file bytes (:class:`_Flat`, after the bounds-checked walk
+of ``safe_read``), not through the generated accessors' per-field objects, so buffer data is
 returned as zero-copy numpy views of the file bytes and large models read quickly.
 External buffers (``Buffer.offset``/``size``) are resolved against the same file bytes.
 """
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 from circle_schema import circle
 
 from ..errors import VerifyError
-from .safe_read import check_flatbuffer
+from .safe_read import check_flatbuffer, fields
 from .schema import CIRCLE_TO_NUMPY, QuantParams, op_name, type_name
 
 #: the Circle metadata entry holding circle_fx's run-time limits (JSON; emit/index_limits.py)
@@ -50,11 +52,22 @@ class OperatorView:
     outputs: list[int]
     options_type: int
     options2_type: int = 0
-    raw: object = None  # circle.Operator.Operator, for option details
+    opcode_index: int = 0  # as written (``builtin_code`` is -10000 when it is out of range)
+    _at: tuple | None = field(default=None, repr=False, compare=False)  # (file bytes, table position)
 
     @property
     def name(self) -> str:
         return op_name(self.builtin_code)
+
+    @property
+    def raw(self):
+        """The generated ``circle.Operator.Operator`` accessor, for option details (None when
+        not read from a file); made on demand: most readers need only the fields above."""
+        if self._at is None:
+            return None
+        o = circle.Operator.Operator()
+        o.Init(*self._at)
+        return o
 
 
 @dataclass
@@ -113,22 +126,6 @@ def file_bytes(src) -> bytes | memoryview:
     return memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if os.path.getsize(path) else memoryview(b"")
 
 
-def _quantization(t) -> tuple[QuantParams | None, tuple | None]:
-    """``(params, raw)``: the tensor's scale/zero point (None when it has none: a
-    QuantizationParameters table with no scales, as some writers leave on float tensors,
-    carries nothing; None too when the counts disagree) and the raw values as written."""
-    q = t.Quantization()
-    if q is None or q.ScaleIsNone() or not q.ScaleLength():
-        return None, None
-    scale = tuple(float(x) for x in q.ScaleAsNumpy())
-    zp = tuple(int(x) for x in q.ZeroPointAsNumpy()) if not q.ZeroPointIsNone() and q.ZeroPointLength() else None
-    raw = (scale, zp, q.QuantizedDimension())
-    try:
-        return QuantParams(scale, zp if zp is not None else (0,) * len(scale), raw[2]), raw
-    except ValueError:
-        return None, raw
-
-
 def read_circle(src) -> CircleFile:
     """Parse a Circle file (path, bytes or memoryview) into a :class:`CircleFile`.
 
@@ -145,6 +142,84 @@ def read_circle(src) -> CircleFile:
         raise VerifyError(f"{path}: {e}", getattr(e, "problems", None)) from None
 
 
+class _Flat:
+    """Field reads of a flatbuffer that :func:`check_flatbuffer` passed, straight from the bytes.
+
+    The generated accessors build a Python object per table and go through several calls per
+    field; reading a 125M model back with them cost more than the checks themselves. Here a
+    table is its position plus its vtable (one ``struct`` read) and a field one more read, with
+    slots, formats and defaults from the schema (:func:`safe_read.fields`). No bounds checks:
+    the walk already proved every field, vector and string of every reachable table lies
+    inside the buffer."""
+
+    def __init__(self, buf):
+        self.buf = buf
+        self._vt: dict[int, struct.Struct] = {}
+
+    def table(self, pos: int) -> tuple[int, tuple]:
+        buf = self.buf
+        vt = pos - _I32.unpack_from(buf, pos)[0]
+        n = _U16.unpack_from(buf, vt)[0] // 2
+        unpack = self._vt.get(n)
+        if unpack is None:
+            unpack = self._vt[n] = struct.Struct(f"<{n}H")
+        return pos, unpack.unpack_from(buf, vt)
+
+    @staticmethod
+    def _at(tab, f) -> int:
+        """The field's byte position, 0 when absent."""
+        k = f.slot // 2
+        o = tab[1][k] if k < len(tab[1]) else 0
+        return tab[0] + o if o else 0
+
+    def scalar(self, tab, f):
+        p = self._at(tab, f)
+        return struct.unpack_from("<" + f.fmt, self.buf, p)[0] if p else f.default
+
+    def _target(self, tab, f) -> int:
+        p = self._at(tab, f)
+        return p + _U32.unpack_from(self.buf, p)[0] if p else 0
+
+    def sub(self, tab, f):
+        """A sub-table field, or None."""
+        t = self._target(tab, f)
+        return self.table(t) if t else None
+
+    def vector(self, tab, f) -> list | None:
+        """A scalar vector field as a list (None when absent)."""
+        t = self._target(tab, f)
+        if not t:
+            return None
+        n = _U32.unpack_from(self.buf, t)[0]
+        return list(struct.unpack_from(f"<{n}{f.fmt}", self.buf, t + 4))
+
+    def bytes_view(self, tab, f) -> np.ndarray | None:
+        """A ubyte vector field as a zero-copy numpy view (None when absent)."""
+        t = self._target(tab, f)
+        if not t:
+            return None
+        return np.frombuffer(self.buf, dtype=np.uint8, count=_U32.unpack_from(self.buf, t)[0], offset=t + 4)
+
+    def string(self, tab, f) -> bytes | None:
+        t = self._target(tab, f)
+        if not t:
+            return None
+        n = _U32.unpack_from(self.buf, t)[0]
+        return bytes(self.buf[t + 4: t + 4 + n])
+
+    def tables(self, tab, f) -> list:
+        """A vector-of-tables field as a list of tables ([] when absent)."""
+        t = self._target(tab, f)
+        if not t:
+            return []
+        n = _U32.unpack_from(self.buf, t)[0]
+        return [self.table(t + 4 + 4 * k + off)
+                for k, off in enumerate(struct.unpack_from(f"<{n}I", self.buf, t + 4))]
+
+
+_I32, _U32, _U16 = struct.Struct("<i"), struct.Struct("<I"), struct.Struct("<H")
+
+
 def _read(src) -> CircleFile:
     buf = file_bytes(src)
     if len(buf) < 8:
@@ -152,65 +227,91 @@ def _read(src) -> CircleFile:
     raw = bytes(buf[:8])
     if raw[4:8] not in (b"CIR0", b"TFL3"):
         raise VerifyError(f"not a Circle file: identifier {raw[4:8]!r}")
-    check_flatbuffer(buf)  # after this, the generated accessors below read only inside the file
+    check_flatbuffer(buf)  # after this, every read below stays inside the file
     try:
-        m = circle.Model.Model.GetRootAs(buf, 0)
-        opcodes = []
-        for i in range(m.OperatorCodesLength()):
-            oc = m.OperatorCodes(i)
-            code = oc.BuiltinCode()
-            dep = oc.DeprecatedBuiltinCode()
-            opcodes.append(code if code >= 127 or code < 0 else dep if dep != 127 else code)
-        buffers = []
-        for i in range(m.BuffersLength()):
-            b = m.Buffers(i)
-            off, size = b.Offset(), b.Size()
-            if off > 1:
-                data = np.frombuffer(buf, dtype=np.uint8, count=size, offset=off) if off + size <= len(buf) else None
-                buffers.append(BufferView(i, size, off, data))
-            elif not b.DataIsNone() and b.DataLength():
-                data = b.DataAsNumpy()
-                buffers.append(BufferView(i, int(data.size), 0, data))
-            else:
-                buffers.append(BufferView(i, 0, 0, None))
-        sg = m.Subgraphs(0)
-        tensors = []
-        for i in range(sg.TensorsLength()):
-            t = sg.Tensors(i)
-            sig = [int(x) for x in t.ShapeSignatureAsNumpy()] if not t.ShapeSignatureIsNone() else None
-            shape = [int(x) for x in t.ShapeAsNumpy()] if not t.ShapeIsNone() else []
-            name = t.Name().decode() if t.Name() is not None else ""
-            tensors.append(TensorView(i, name, shape, sig, t.Type(), t.Buffer(), *_quantization(t)))
-        operators = []
-        for i in range(sg.OperatorsLength()):
-            o = sg.Operators(i)
-            idx = o.OpcodeIndex()
-            code = opcodes[idx] if 0 <= idx < len(opcodes) else -10_000
-            ins = [int(x) for x in o.InputsAsNumpy()] if not o.InputsIsNone() else []
-            outs = [int(x) for x in o.OutputsAsNumpy()] if not o.OutputsIsNone() else []
-            operators.append(OperatorView(i, code, ins, outs, o.BuiltinOptionsType(),
-                                          o.BuiltinOptions2Type(), o))
-        sig_in, sig_out = [], []
-        if m.SignatureDefsLength():
-            sd = m.SignatureDefs(0)
-            sig_in = [(sd.Inputs(j).Name().decode(), sd.Inputs(j).TensorIndex()) for j in range(sd.InputsLength())]
-            sig_out = [(sd.Outputs(j).Name().decode(), sd.Outputs(j).TensorIndex()) for j in range(sd.OutputsLength())]
-        metadata = {}
-        for i in range(m.MetadataLength()):
-            entry = m.Metadata(i)
-            k = entry.Buffer()
-            data = buffers[k].data if k < len(buffers) else None
-            metadata[(entry.Name() or b"").decode(errors="replace")] = None if data is None else bytes(data)
-        return CircleFile(
-            metadata=metadata,
-            version=m.Version(),
-            description=(m.Description() or b"").decode(errors="replace"),
-            tensors=tensors, operators=operators, buffers=buffers, opcodes=opcodes,
-            inputs=[int(x) for x in sg.InputsAsNumpy()] if not sg.InputsIsNone() else [],
-            outputs=[int(x) for x in sg.OutputsAsNumpy()] if not sg.OutputsIsNone() else [],
-            signature_inputs=sig_in, signature_outputs=sig_out,
-            num_subgraphs=m.SubgraphsLength(), file_size=len(buf))
+        return _parse(_Flat(buf), len(buf))
     except VerifyError:
         raise
     except Exception as e:
         raise VerifyError(f"Circle flatbuffer could not be parsed: {type(e).__name__}: {e}") from e
+
+
+def _parse(r: _Flat, size: int) -> CircleFile:
+    M, OC, B, SG, T, O, Q = (fields(n) for n in ("Model", "OperatorCode", "Buffer", "SubGraph", "Tensor",
+                                                 "Operator", "QuantizationParameters"))
+    m = r.table(_U32.unpack_from(r.buf, 0)[0])
+    opcodes = []
+    for oc in r.tables(m, M["OperatorCodes"]):
+        code, dep = r.scalar(oc, OC["BuiltinCode"]), r.scalar(oc, OC["DeprecatedBuiltinCode"])
+        opcodes.append(code if code >= 127 or code < 0 else dep if dep != 127 else code)
+    buffers = []
+    for i, b in enumerate(r.tables(m, M["Buffers"])):
+        off, n = r.scalar(b, B["Offset"]), r.scalar(b, B["Size"])
+        if off > 1:
+            data = np.frombuffer(r.buf, dtype=np.uint8, count=n, offset=off) if off + n <= size else None
+            buffers.append(BufferView(i, n, off, data))
+            continue
+        data = r.bytes_view(b, B["Data"])
+        buffers.append(BufferView(i, int(data.size), 0, data) if data is not None and data.size
+                       else BufferView(i, 0, 0, None))
+    subgraphs = r.tables(m, M["Subgraphs"])
+    sg = subgraphs[0] if subgraphs else None
+    if sg is None:
+        raise IndexError("the model has no subgraph")
+    tensors = []
+    for i, t in enumerate(r.tables(sg, SG["Tensors"])):
+        name = r.string(t, T["Name"])
+        tensors.append(TensorView(i, name.decode() if name is not None else "", r.vector(t, T["Shape"]) or [],
+                                  r.vector(t, T["ShapeSignature"]), r.scalar(t, T["Type"]),
+                                  r.scalar(t, T["Buffer"]), *_quantization(r, r.sub(t, T["Quantization"]), Q)))
+    operators = []
+    for i, o in enumerate(r.tables(sg, SG["Operators"])):
+        idx = r.scalar(o, O["OpcodeIndex"])
+        operators.append(OperatorView(i, opcodes[idx] if 0 <= idx < len(opcodes) else -10_000,
+                                      r.vector(o, O["Inputs"]) or [], r.vector(o, O["Outputs"]) or [],
+                                      r.scalar(o, O["BuiltinOptionsType"]), r.scalar(o, O["BuiltinOptions2Type"]),
+                                      opcode_index=idx, _at=(r.buf, o[0])))
+    sig_in, sig_out = [], []
+    sigs = r.tables(m, M["SignatureDefs"])
+    if sigs:
+        SD, TM = fields("SignatureDef"), fields("TensorMap")
+
+        def entries(key):  # a missing name decodes like the accessor's None.decode(): an error
+            return [(_decode(r.string(e, TM["Name"])), r.scalar(e, TM["TensorIndex"]))
+                    for e in r.tables(sigs[0], SD[key])]
+        sig_in, sig_out = entries("Inputs"), entries("Outputs")
+    metadata = {}
+    MD = fields("Metadata")
+    for entry in r.tables(m, M["Metadata"]):
+        k = r.scalar(entry, MD["Buffer"])
+        data = buffers[k].data if k < len(buffers) else None
+        metadata[(r.string(entry, MD["Name"]) or b"").decode(errors="replace")] = None if data is None else bytes(data)
+    return CircleFile(
+        metadata=metadata, version=r.scalar(m, M["Version"]),
+        description=(r.string(m, M["Description"]) or b"").decode(errors="replace"),
+        tensors=tensors, operators=operators, buffers=buffers, opcodes=opcodes,
+        inputs=r.vector(sg, SG["Inputs"]) or [], outputs=r.vector(sg, SG["Outputs"]) or [],
+        signature_inputs=sig_in, signature_outputs=sig_out, num_subgraphs=len(subgraphs), file_size=size)
+
+
+def _decode(raw: bytes | None) -> str:
+    if raw is None:
+        raise ValueError("a signature entry has no name")
+    return raw.decode()
+
+
+def _quantization(r: _Flat, q, Q) -> tuple[QuantParams | None, tuple | None]:
+    """``(params, raw)``: the tensor's scale/zero point (None when it has none: a
+    QuantizationParameters table with no scales, as some writers leave on float tensors,
+    carries nothing; None too when the counts disagree) and the raw values as written."""
+    if q is None:
+        return None, None
+    scale = r.vector(q, Q["Scale"])
+    if not scale:
+        return None, None
+    zp = r.vector(q, Q["ZeroPoint"]) or None
+    raw = (tuple(scale), tuple(zp) if zp is not None else None, r.scalar(q, Q["QuantizedDimension"]))
+    try:
+        return QuantParams(raw[0], raw[1] if zp is not None else (0,) * len(scale), raw[2]), raw
+    except ValueError:
+        return None, raw

@@ -20,6 +20,7 @@ import importlib
 import inspect
 import re
 import struct
+from dataclasses import dataclass
 from functools import lru_cache
 
 from circle_schema import circle
@@ -36,13 +37,32 @@ _FLAGS = re.compile(r"number_types\.(\w+)Flags, (?:o|a) ")
 _IMPORT = re.compile(r"import (\w+)\n")
 
 
+#: struct format of each flatbuffers number type
+FORMATS = {"Bool": "?", "Int8": "b", "Uint8": "B", "Int16": "h", "Uint16": "H", "Int32": "i", "Uint32": "I",
+           "Float32": "f", "Int64": "q", "Uint64": "Q", "Float64": "d", "UOffsetT": "I"}
+_DEFAULT = re.compile(r"\n        return (.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a schema table, as the generated accessor reads it: its vtable ``slot``,
+    ``kind`` (``scalar``, ``string``, ``table``, ``vector``, ``tables``, ``strings``, ``union``),
+    ``arg`` (scalar/vector element size, sub-table class or union name), the struct ``fmt``
+    of a scalar or vector element, and a scalar's schema ``default``."""
+
+    slot: int
+    kind: str
+    arg: object
+    fmt: str = ""
+    default: object = None
+
+
 @lru_cache(maxsize=None)
-def _layout(cls_name: str) -> tuple:
-    """``((slot, kind, arg), ...)`` for table ``cls_name``; kind is ``scalar`` (arg: size),
-    ``string``, ``table`` (arg: class name), ``vector`` (arg: element size), ``tables``
-    (vector of tables, arg: class name) or ``union`` (arg: the union enum's name)."""
+def fields(cls_name: str) -> dict[str, Field]:
+    """Accessor name -> :class:`Field` for table ``cls_name``, read from circle_schema's generated
+    source (so ``reader`` and this walk follow the schema, which is not written out here)."""
     module = importlib.import_module(f"{_PKG}.{cls_name}")
-    fields = {}
+    out = {}
     for name, indexed, body in _METHOD.findall(inspect.getsource(module)):
         slot = _SLOT.search(body)
         if slot is None or name.endswith(("Length", "IsNone", "AsNumpy")):
@@ -50,24 +70,39 @@ def _layout(cls_name: str) -> tuple:
         slot = int(slot.group(1))
         imp = _IMPORT.search(body)
         if "self._tab.Union(" in body:
-            fields[slot] = ("union", name)
+            out[name] = Field(slot, "union", name)
         elif "self._tab.Vector(o)" in body:
             if "Indirect(x)" in body and imp:
-                fields[slot] = ("tables", imp.group(1))
+                out[name] = Field(slot, "tables", imp.group(1))
             elif "String(a" in body:
-                fields[slot] = ("strings", None)
+                out[name] = Field(slot, "strings", None)
             else:
                 flags = re.search(r"number_types\.(\w+)Flags, a \+", body)
-                fields[slot] = ("vector", _SIZES[flags.group(1)] if flags else 1)
+                kind = flags.group(1) if flags else "Uint8"
+                out[name] = Field(slot, "vector", _SIZES[kind], FORMATS[kind])
         elif "self._tab.String(o" in body:
-            fields[slot] = ("string", None)
+            out[name] = Field(slot, "string", None)
         elif "Indirect(o + self._tab.Pos)" in body and imp:
-            fields[slot] = ("table", imp.group(1))
+            out[name] = Field(slot, "table", imp.group(1))
         else:
             flags = _FLAGS.search(body)
             if flags and flags.group(1) in _SIZES:
-                fields[slot] = ("scalar", _SIZES[flags.group(1)])
-    return tuple(sorted((s, k, a) for s, (k, a) in fields.items()))
+                default = _DEFAULT.search(body)
+                value = default.group(1) if default else "0"
+                value = {"True": True, "False": False}.get(value, value)
+                if isinstance(value, str):
+                    try:
+                        value = float(value) if flags.group(1).startswith("Float") else int(value)
+                    except ValueError:
+                        value = 0
+                out[name] = Field(slot, "scalar", _SIZES[flags.group(1)], FORMATS[flags.group(1)], value)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _layout(cls_name: str) -> tuple:
+    """``((slot, kind, arg), ...)`` for table ``cls_name`` (see :func:`fields`), by slot."""
+    return tuple(sorted({f.slot: (f.slot, f.kind, f.arg) for f in fields(cls_name).values()}.values()))
 
 
 #: union fields whose accessor is not named after their union type

@@ -268,7 +268,7 @@ class _Checker:
         produced_by: dict[int, int] = {}
         for op in cf.operators:
             where = f"operator {op.index} {op.name}"
-            opcode_index = op.raw.OpcodeIndex() if op.raw is not None else 0
+            opcode_index = op.opcode_index
             if not 0 <= opcode_index < len(cf.opcodes):
                 self.bad(f"operator {op.index}: opcode index {opcode_index} out of range "
                          f"(0..{len(cf.opcodes) - 1})")
