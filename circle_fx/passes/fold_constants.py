@@ -9,6 +9,10 @@ Ops with several results (``unbind``, ``split``, ``chunk`` of a weight: DeepSeek
 ``self.scale.unbind(0)``) fold too when every use is a ``getitem``: each read result
 becomes its own constant.
 
+A folded constant computed from exactly one named parameter of its size (a reshaped,
+transposed or BatchNorm-rescaled weight) keeps that parameter's name in ``CONSTANT_NAMES``,
+so weight quantization's skip patterns and ``summary()`` still name it.
+
 One forward sweep, O(nodes). Results that are much larger than their inputs (a broadcast
 of a small constant into a huge one) are left unfolded so weights do not bloat.
 """
@@ -20,6 +24,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
+from ..meta import CONSTANT_NAMES
 from ..program import add_constant, fetch_attr
 from .base import Pass
 
@@ -91,6 +96,12 @@ def _constant(gm, n: fx.Node, result: torch.Tensor, args, name: str) -> fx.Node:
     if result._base is not None or any(result.data_ptr() == a.data_ptr() for a in _tensors(args)):
         result = result.clone()  # never alias model weights
     name = add_constant(gm, result.contiguous(), name)
+    names = gm.meta.get(CONSTANT_NAMES)
+    if names:
+        sources = {names[a.target] for a in n.all_input_nodes if a.op == "get_attr" and a.target in names
+                   and fetch_attr(gm, a.target).numel() == result.numel()}
+        if len(sources) == 1:
+            names[name] = sources.pop()
     with gm.graph.inserting_before(n):
         c = gm.graph.get_attr(name)
     c.meta.update(n.meta)

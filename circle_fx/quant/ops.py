@@ -15,6 +15,10 @@ graph is the runtime's kernel (its hybrid FULLY_CONNECTED quantizes activations 
 - ``linear_ggml(x, blocks, kind, bias)``: ``blocks`` uint8 ``[O, I / 32 * block_bytes]``, GGML
   ``kind`` ``"q8_0"`` / ``"q4_0"`` (:mod:`circle_fx.circle.ggml`); ``y = x @ dequant(blocks).T + bias``.
 - ``embedding_ggml(blocks, kind, indices)``: the rows ``indices`` of the dequantized table.
+- ``conv2d_w8(x, weight, scale, bias, stride, padding, dilation, groups, activation)``:
+  ``circle.conv2d_nhwc`` (NHWC ``x``, explicit pads, fused activation) with an int8 ``weight``
+  ``[O, I/groups, kH, kW]`` and one float ``scale`` per output channel ``[O]``: the convolution
+  with ``weight * scale[:, None, None, None]``.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from .. import ops_nhwc  # noqa: F401  (circle.conv2d_nhwc, which conv2d_w8 computes with)
 from ..circle import ggml
 
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
@@ -29,6 +34,8 @@ _lib.define("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> T
 _lib.define("embedding_w8(Tensor table, Tensor scale, int zero_point, Tensor indices) -> Tensor")
 _lib.define("linear_ggml(Tensor x, Tensor blocks, str kind, Tensor? bias) -> Tensor")
 _lib.define("embedding_ggml(Tensor blocks, str kind, Tensor indices) -> Tensor")
+_lib.define("conv2d_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int[] stride, int[] padding, "
+            "int[] dilation, int groups, str activation=\"none\") -> Tensor")
 
 
 def _linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -81,6 +88,13 @@ def _embedding_ggml_fake(blocks, kind, indices):
     return torch.empty((*indices.shape, ggml_in_features(blocks, kind)), dtype=torch.float32, device=indices.device)
 
 
+def _conv2d_w8(x, weight, scale, bias, stride, padding, dilation, groups: int, activation: str = "none"):
+    w = weight.to(x.dtype) * scale.to(x.dtype).reshape(-1, 1, 1, 1)
+    return torch.ops.circle.conv2d_nhwc.default(x, w, bias, stride, padding, dilation, groups, activation)
+
+
+_lib.impl("conv2d_w8", _conv2d_w8, "CompositeExplicitAutograd")
+torch.library.register_fake("circle::conv2d_w8", _conv2d_w8, lib=_lib)
 _lib.impl("linear_ggml", _linear_ggml, "CompositeExplicitAutograd")
 _lib.impl("embedding_ggml", _embedding_ggml, "CompositeExplicitAutograd")
 torch.library.register_fake("circle::linear_ggml", _linear_ggml_fake, lib=_lib)
@@ -94,3 +108,4 @@ linear_w8 = torch.ops.circle.linear_w8.default
 embedding_w8 = torch.ops.circle.embedding_w8.default
 linear_ggml = torch.ops.circle.linear_ggml.default
 embedding_ggml = torch.ops.circle.embedding_ggml.default
+conv2d_w8 = torch.ops.circle.conv2d_w8.default

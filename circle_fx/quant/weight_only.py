@@ -26,6 +26,12 @@ Tied weights (one tensor used by a linear and an embedding: Llama's ``lm_head`` 
 ``embed_tokens``) stay one int8 buffer: the embedding reads it through a uint8 view and
 fixes the sign after DEQUANTIZE (see the lowering), so the file holds the table once.
 
+Convolutions (``circle.conv2d_nhwc``, what the NHWC decompositions and the Conv+BN / Conv+ReLU
+families leave) follow ``QuantConfig.weights``: any mode quantizes their 4-D weight to int8
+with one symmetric scale per output channel (GGML blocks have no convolution kernel) and
+rewrites them to ``circle.conv2d_w8``: onert's hybrid CONV_2D / DEPTHWISE_CONV_2D apply
+per-channel scales correctly (``benchmarks/onert_conv_int8.py``), unlike its hybrid FC.
+
 A weight is left float, with the reason recorded, when a skip pattern matches it, when it
 has a user that is neither a linear (as weight) nor an embedding (as table) — quantizing
 it would mean keeping a float copy too — or when it is tied to a use the config keeps float.
@@ -43,14 +49,16 @@ import torch.fx as fx
 from ..meta import CONSTANT_NAMES, QUANT_META
 from ..circle.schema import QuantParams
 from ..errors import InputError
-from ..fx_utils import fake_mode_of, make_node
+from ..fx_utils import arguments, fake_mode_of, make_node
 from ..passes.base import Pass
+from ..passes.fold_constants import FoldConstants
 from ..program import add_constant
 from .config import QuantConfig
 from ..circle import ggml
 from .config import GGML_MODES, SENSITIVE_LINEARS
 from .ggml import pack as ggml_pack
-from .ops import embedding_ggml, embedding_w8, linear_ggml, linear_w8
+from ..ops_nhwc import conv2d_nhwc
+from .ops import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 
 aten = torch.ops.aten
 
@@ -193,6 +201,12 @@ class QuantizeWeights(Pass):
     def run(self, program) -> bool:
         cfg = self.config
         gm, g = program.gm, program.graph
+        if any(n.target is conv2d_nhwc and isinstance(n.args[1], fx.Node) and n.args[1].op != "get_attr"
+               for n in g.nodes):
+            # conv_batch_norm leaves a folded weight as ``w * scale`` of constants for the final
+            # fold pass: fold now, so the int8 weight is computed from the one float weight
+            # (named after the parameter it came from: FoldConstants keeps the name)
+            FoldConstants().run(program)
         names = gm.meta.get(CONSTANT_NAMES, {})
         record = QuantizationRecord(cfg)
         matched = set()
@@ -202,6 +216,9 @@ class QuantizeWeights(Pass):
                                             if _uses(a)[0]) if i is not None), default=-1)
         for attr in attrs:
             w = program.constant(attr)
+            if isinstance(w, torch.Tensor) and w.dim() == 4 and w.dtype == torch.float32 and _conv_uses(attr):
+                changed |= self._conv(program, attr, w, names.get(attr.target, attr.target), record, matched)
+                continue
             if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32:
                 continue
             linears, embeddings, others = _uses(attr)
@@ -232,6 +249,37 @@ class QuantizeWeights(Pass):
                              "or module names such as 'model.layers.0.mlp.down_proj'")
         program.notes[NOTES_KEY] = record
         return changed
+
+    def _conv(self, program, attr, w, name, record, matched) -> bool:
+        """Per-output-channel int8 for a weight only convolutions read (see the module docstring)."""
+        cfg = self.config
+        mode = next((m for p, m in cfg.overrides if _matches(p, name)), cfg.weights)
+        hits = [p for p in cfg.skip if _matches(p, name)]
+        if hits or mode is None:
+            matched.update(hits)
+            record.skipped.append((name, f"matches skip pattern {hits[0]!r}" if hits else
+                                   "convolution weights follow QuantConfig.weights=None"))
+            return False
+        for p, m in cfg.overrides:
+            if _matches(p, name):
+                record.overridden.setdefault(p, []).append(name)
+                break
+        try:
+            q, scale = quantize_rows(w.reshape(w.shape[0], -1))
+        except ValueError as e:
+            raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
+        if mode != "int8":
+            record.fallbacks.append((name, f"{mode} -> int8 per channel: a convolution (no GGML convolution kernel)"))
+        qn = self._constant(program, attr, q.reshape(w.shape), "q")
+        sn = self._constant(program, attr, scale, "scale")
+        for user in list(attr.users):
+            x, _, bias, *rest = arguments(user)
+            self._replace(program.graph, user, conv2d_w8, (x, qn, sn, bias, *rest))
+        record.quantized.append((name, "conv", tuple(w.shape), "int8"))
+        size = record.sizes.setdefault("int8", [0, 0])
+        size[0] += q.numel() + 4 * scale.numel()
+        size[1] += q.numel()
+        return True
 
     def _keep_float(self, lin_mode, linears, embeddings, others) -> str | None:
         cfg = self.config
@@ -355,6 +403,12 @@ class QuantizeWeights(Pass):
             new = make_node(g, target, args, like=user)
         user.replace_all_uses_with(new)
         g.erase_node(user)
+
+
+def _conv_uses(attr: fx.Node) -> bool:
+    """``attr`` is read only as the weight of convolutions (``circle.conv2d_nhwc``)."""
+    return bool(attr.users) and all(u.target is conv2d_nhwc and len(u.args) > 1 and u.args[1] is attr
+                                    and attr not in u.args[:1] + u.args[2:] for u in attr.users)
 
 
 def _layer_index(name: str) -> int | None:

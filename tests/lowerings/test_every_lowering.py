@@ -21,7 +21,7 @@ from circle_fx.quant.lowerings import static
 from circle_fx.fusions.rms_norm import rms_norm
 from circle_fx.fusions.rope import rope
 from circle_fx.ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
-from circle_fx.quant.ops import embedding_ggml, embedding_w8, linear_ggml, linear_w8
+from circle_fx.quant.ops import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 from circle_fx.source import op_name
 
 from onert_eager import Fn, assert_onert_matches_eager
@@ -69,6 +69,30 @@ class W8Linear(torch.nn.Module):
 
     def forward(self, x):
         return linear_w8(x, self.w, self.s, self.b)
+
+
+class W8Conv(torch.nn.Module):
+    """``circle.conv2d_w8``: an int8 3x3 weight [4, 3, 3, 3] with per-channel scales, a bias, an
+    NHWC input padded by 1 and a fused ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randint(-127, 128, (4, 3, 3, 3), generator=torch.Generator().manual_seed(0),
+                                                dtype=torch.int8))
+        self.register_buffer("s", torch.tensor([0.01, 0.002, 0.03, 0.5]))
+        self.register_buffer("b", torch.tensor([0.5, -1.0, 0.25, 0.0]))
+
+    def forward(self, x):
+        return conv2d_w8(x, self.w, self.s, self.b, [1, 1], [1, 1, 1, 1], [1, 1], 1, "relu")
+
+
+def _w8_conv_input() -> torch.Tensor:
+    """Integers spanning exactly [-128, 127]: onert's hybrid convolution quantizes its input
+    asymmetrically over [min, max] in 255 steps, so these are quantized exactly (scale 1); a
+    symmetric [-127, 127] input, exact for the hybrid FC, is not (measured: 0.5 % off)."""
+    x = torch.randint(-128, 128, (1, 5, 5, 3), generator=torch.Generator().manual_seed(1)).float()
+    x[0, 0, 0, 0], x[0, 0, 0, 1] = 127.0, -128.0
+    return x
 
 
 class W8Embedding(torch.nn.Module):
@@ -245,6 +269,7 @@ CASES = {
     # largest magnitude is 127 are quantized exactly, so the comparison stays at float noise)
     linear_w8: (W8Linear(), (torch.tensor([[[127., -3, 5, 0], [-127, 64, 1, 2], [7, 127, -9, 3]]] * 2),)),
     embedding_w8: (W8Embedding(), (ints(2, 3, high=10),)),
+    conv2d_w8: (W8Conv(), (_w8_conv_input(),)),
     # NCHW convolutions and pools become these channels-last ops (more forms: test_conv_pool.py)
     conv2d_nhwc: (torch.nn.Conv2d(3, 4, 3, padding=1), (r(1, 3, 6, 6),)),
     max_pool2d_nhwc: (torch.nn.MaxPool2d(3, 2, 1), (r(1, 2, 7, 7),)),

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ...fx_utils import arguments
 from ...ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from ..registry import lowering
+from ...circle.schema import QuantParams
 from ._common import BO, options
 
 SAME, VALID = 0, 1  # circle.Padding.Padding
@@ -91,30 +92,48 @@ def conv2d(ctx, node):
         raise ctx.error(f"the weight %{w.name} of a convolution must be a constant (a parameter or buffer)")
     if b is not None and ctx.constant(b) is None:
         raise ctx.error(f"the bias %{b.name} of a convolution must be a constant")
-    weight = weight.detach()
+    bias = ctx.constant(b).detach() if b is not None else None
+    convolution(ctx, node, x, weight.detach(), bias, stride, pads, dilation, groups, activation, w.target)
+
+
+def convolution(ctx, node, x, weight, bias, stride, pads, dilation, groups, activation, name, scale=None):
+    """The Circle operators of one NHWC convolution of ``x`` with the constant ``weight`` (torch's
+    ``[out, in/groups, kH, kW]``) and ``bias`` (None: zeros). ``scale`` (``[out]``): ``weight`` is
+    int8 with one scale per output channel, written as the filter's per-channel quantization
+    (axis 0 of CONV_2D's OHWI filter, 3 of DEPTHWISE_CONV_2D's ``[1, kH, kW, out]``): onert's
+    hybrid kernels (float input and output) — the weight-only int8 lowering shares this one."""
     sizes, outs = _spatial(ctx, node, x)
     padding, xt = _input(ctx, node, x, _plan(sizes, outs, weight.shape[2:], stride, dilation, pads))
     c_in, c_out = ctx.dims(x)[3], weight.shape[0]
-    bias = (ctx.constant(b).detach() if b is not None else torch.zeros(c_out, dtype=weight.dtype))
+    if bias is None:
+        bias = torch.zeros(c_out, dtype=torch.float32)
     common = dict(padding=padding, strideH=stride[0], strideW=stride[1], dilationHFactor=dilation[0],
                   dilationWFactor=dilation[1], fusedActivationFunction=_ACTIVATION[activation])
     if groups == 1:
-        _conv(ctx, xt, weight, bias, ctx.output(node), common)
+        _conv(ctx, xt, weight, bias, ctx.output(node), common, scale)
     elif groups == c_in and c_out % c_in == 0:
         filt = weight.reshape(c_out, *weight.shape[2:]).permute(1, 2, 0).unsqueeze(0).contiguous()
-        ctx.op(BO.DEPTHWISE_CONV_2D, [xt, ctx.const_tensor(filt, f"{w.target}_dw"), ctx.const(bias.numpy(), "bias")],
+        ctx.op(BO.DEPTHWISE_CONV_2D, [xt, ctx.const_tensor(filt, f"{name}_dw", _per_channel(scale, 3)),
+                                      ctx.const(bias.numpy(), "bias")],
                [ctx.output(node)], options("DepthwiseConv2DOptions", depthMultiplier=c_out // c_in, **common))
     else:
-        _grouped(ctx, node, xt, weight, bias, groups, common)
+        _grouped(ctx, node, xt, weight, bias, groups, common, scale)
 
 
-def _conv(ctx, xt, weight, bias, out, common):
+def _per_channel(scale, axis):
+    """The filter's symmetric per-channel int8 quantization along ``axis``; None for a float filter."""
+    if scale is None:
+        return None
+    return QuantParams(scale.numpy(), np.zeros(scale.numel(), np.int64), axis)
+
+
+def _conv(ctx, xt, weight, bias, out, common, scale=None):
     filt = weight.permute(0, 2, 3, 1).contiguous()  # OHWI
-    ctx.op(BO.CONV_2D, [xt, ctx.const_tensor(filt, "filter"), ctx.const(bias.numpy(), "bias")], [out],
-           options("Conv2DOptions", **common))
+    ctx.op(BO.CONV_2D, [xt, ctx.const_tensor(filt, "filter", _per_channel(scale, 0)), ctx.const(bias.numpy(), "bias")],
+           [out], options("Conv2DOptions", **common))
 
 
-def _grouped(ctx, node, xt, weight, bias, groups, common):
+def _grouped(ctx, node, xt, weight, bias, groups, common, scale=None):
     """A SPLIT of the (padded) input along channels, one CONV_2D per group, CONCATENATION."""
     in_dims = ctx.tensor_dims(xt)
     out_dims, hint = ctx.dims(node), ctx.shape_hint(node)
@@ -126,7 +145,8 @@ def _grouped(ctx, node, xt, weight, bias, groups, common):
     results = []
     for g in range(groups):
         y = ctx.new_tensor(out_dims[:3] + [co], ctx.dtype(node), f"group{g}", hint[:3] + [co])
-        _conv(ctx, pieces[g], weight[g * co:(g + 1) * co], bias[g * co:(g + 1) * co], y, common)
+        part = slice(g * co, (g + 1) * co)
+        _conv(ctx, pieces[g], weight[part], bias[part], y, common, None if scale is None else scale[part])
         results.append(y)
     ctx.op(BO.CONCATENATION, results, [ctx.output(node)], options("ConcatenationOptions", axis=3))
 

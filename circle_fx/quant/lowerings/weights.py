@@ -14,6 +14,13 @@ onert 0.1.0 computes correctly (measured: ``docs/onert-findings.md``, "int8 weig
   of the same buffer, so DEQUANTIZE yields ``q mod 256`` and ``q = v - 256 * (v >= 128)``
   restores the sign (GREATER_EQUAL, SUB, SELECT_V2 on the gathered rows only).
 
+- ``conv2d_w8`` -> hybrid ``CONV_2D`` / ``DEPTHWISE_CONV_2D`` (float32 input and output, int8
+  filter with **per-channel** scales, float bias), through the float convolution's own lowering
+  (:func:`circle_fx.emit.lowerings.conv.convolution`: padding, depthwise, groups, fused
+  activation). Unlike its FULLY_CONNECTED, onert's hybrid convolutions apply every channel's
+  scale (measured: ``benchmarks/onert_conv_int8.py``), so no MUL follows. The kernel quantizes
+  the input map per tensor at run time (about 0.6 % of the output range per convolution).
+
 Kept apart from ``linear.py``: the float linear lowering can pick FULLY_CONNECTED, CONV_2D or
 BATCH_MATMUL freely; a quantized weight has exactly one working kernel (hybrid FC).
 """
@@ -24,8 +31,10 @@ import torch
 
 from ...circle.schema import BO, QuantParams, make_options as options
 from ...emit.lowerings._fc import fully_connected, rows_input
+from ...emit.lowerings.conv import convolution
+from ...fx_utils import arguments
 from ...emit.registry import lowering
-from ..ops import embedding_w8, linear_w8
+from ..ops import conv2d_w8, embedding_w8, linear_w8
 
 _HYBRID = QuantParams(1.0, 0)
 
@@ -105,3 +114,22 @@ def _signed(ctx, node, values):
     signed = ctx.like(node, "signed")
     ctx.op(BO.SELECT_V2, [high, shifted, values], [signed])
     return signed
+
+
+@lowering(conv2d_w8)
+def lower_conv2d_w8(ctx, node):
+    x, w, scale, b, stride, pads, dilation, groups, activation = arguments(node)
+    if ctx.dtype(x) != torch.float32:
+        raise ctx.error(f"int8-weight convolution needs a float32 input (onert's hybrid CONV_2D), got {ctx.dtype(x)}")
+    weight, scales = ctx.constant(w), ctx.constant(scale)
+    if weight is None or weight.dtype != torch.int8 or scales is None:
+        raise ctx.error(f"the weight %{w.name} and scale %{scale.name} of an int8-weight convolution must be "
+                        "constants (int8 weight)")
+    bias = None
+    if b is not None:
+        bias = ctx.constant(b)
+        if bias is None:
+            raise ctx.error(f"the bias %{b.name} of a convolution must be a constant")
+        bias = bias.detach().to(torch.float32)
+    convolution(ctx, node, x, weight, bias, stride, pads, dilation, groups, activation, w.target,
+                scale=scales.detach().to(torch.float32))

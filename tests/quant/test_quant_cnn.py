@@ -1,0 +1,129 @@
+"""Weight-only int8 convolutions (``quantize="int8-weights"`` on a CNN).
+
+Every convolution weight becomes int8 with one scale per output channel (``circle.conv2d_w8``)
+and a hybrid CONV_2D / DEPTHWISE_CONV_2D in the file. Two error sources are bounded
+separately, as for the linears (tests/quant/test_quant_weights.py): the FX graph after the
+quantize pass (dequantized weights, eager) against the float model is the weight rounding;
+onert against that graph is the hybrid kernel, which quantizes its input map to int8 at run
+time. The accuracy of whole models on a fixed input set is benchmarks/cnn_quant_accuracy.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import circle_fx
+from circle_fx import QuantConfig
+from circle_fx.circle.reader import read_circle
+
+
+class _Convs(nn.Module):
+    """Every convolution form the lowering takes: plain with stride/padding, Conv+BN+ReLU
+    (folded and fused first), depthwise with a channel multiplier, grouped, dilated, 1-D."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.dw = nn.Conv2d(16, 32, 3, padding=1, groups=16, bias=False)
+        self.grouped = nn.Conv2d(32, 24, 3, padding=2, dilation=2, groups=2)
+        self.c1 = nn.Conv1d(24, 8, 3, padding=1)
+        # channel magnitudes 0.05 .. 2: one per-tensor scale would flatten the small channels
+        with torch.no_grad():
+            for conv in (self.stem, self.dw, self.grouped):
+                conv.weight.mul_(torch.linspace(0.05, 2.0, conv.weight.shape[0]).reshape(-1, 1, 1, 1))
+            self.bn.running_mean.normal_(0, 0.1)
+            self.bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.stem(x)))
+        y = nn.functional.relu6(self.dw(y))
+        y = self.grouped(y)
+        return self.c1(y.mean(2))
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_int8_convolutions_per_channel_in_onert():
+    torch.manual_seed(0)
+    model = _Convs().eval()
+    x = torch.randn(1, 3, 16, 16)
+    program = circle_fx.capture(model, (x,))
+    cm = circle_fx.api.lower(program, quantize="int8-weights")
+    with torch.no_grad():
+        ref = model(x).numpy()
+    graph = program.run(x)[0].numpy()
+    got = cm.run(x)[0]
+    assert _rel(graph, ref) <= 0.01, _rel(graph, ref)  # weight rounding only
+    assert _rel(got, graph) <= 0.02, _rel(got, graph)  # the hybrid kernels' input quantization
+    assert _rel(got, ref) <= 0.03
+    cf = read_circle(cm.to_bytes())
+    convs = [op for op in cf.operators if op.name in ("CONV_2D", "DEPTHWISE_CONV_2D")]
+    assert {op.name for op in convs} == {"CONV_2D", "DEPTHWISE_CONV_2D"}
+    assert len(convs) == 1 + 1 + 2 + 1  # the grouped conv is one CONV_2D per group
+    for op in convs:
+        w = cf.tensors[op.inputs[1]]
+        assert w.type_name == "INT8" and cf.tensors[op.inputs[0]].type_name == "FLOAT32"
+        q = w.quantization
+        out_channels = w.shape[3] if op.name == "DEPTHWISE_CONV_2D" else w.shape[0]
+        assert q.per_channel and len(q.scale) == out_channels and set(q.zero_point) == {0}
+        assert q.axis == (3 if op.name == "DEPTHWISE_CONV_2D" else 0)
+    hist = cm.op_histogram()
+    assert "RELU" not in hist and "MAXIMUM" not in hist  # Conv+BN+ReLU and the ReLU6 still fused
+    assert "DEQUANTIZE" not in hist and "MUL" not in hist  # per-channel scales in the kernel itself
+    # named after their parameters, also the BatchNorm-folded stem and the 1-D conv's 4-D weight
+    assert sorted(q[0] for q in cm.report.quantization.quantized if q[1] == "conv") == \
+        ["c1.weight", "dw.weight", "grouped.weight", "stem.weight"]
+
+
+def test_conv_weights_follow_skip_and_weights_none():
+    torch.manual_seed(0)
+    model = _Convs().eval()
+    x = torch.randn(1, 3, 16, 16)
+    cm = circle_fx.export(model, (x,), quantize=QuantConfig(skip=("stem*", "dw*")), verbose=False)
+    kept = dict(cm.report.quantization.skipped)
+    assert set(kept) == {"stem.weight", "dw.weight"} and "skip pattern" in kept["dw.weight"], kept
+    cf = read_circle(cm.to_bytes())
+    types = sorted(cf.tensors[op.inputs[1]].type_name for op in cf.operators if op.name.endswith("CONV_2D"))
+    assert types == ["FLOAT32", "FLOAT32", "INT8", "INT8", "INT8"]
+    with torch.no_grad():
+        assert _rel(cm.run(x)[0], model(x).numpy()) <= 0.03
+
+
+def _tiny_resnet():
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
+                                                      depths=[1, 1], layer_type="basic", num_labels=10))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1, generator=g)
+                m.running_var.uniform_(0.5, 1.5, generator=g)
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_tiny_resnet_int8_weights_in_onert():
+    """transformers' ResNet: every convolution int8 per channel; onert's logits against eager
+    float and against the int8 graph on a few fixed images."""
+    model = _tiny_resnet()
+    xs = torch.randn(4, 1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    program = circle_fx.capture(model, (xs[0],), example_kwargs={"return_dict": False})
+    cm = circle_fx.api.lower(program, quantize="int8-weights")
+    record = cm.report.quantization
+    # stem, two convolutions per stage, the second stage's downsampling shortcut
+    assert sum(1 for q in record.quantized if q[1] == "conv") == 6 and not record.skipped
+    for x in xs:
+        with torch.no_grad():
+            ref = model(x, return_dict=False)[0].numpy()
+        graph = program.run(x)[0].numpy()
+        got = cm.run(x)[0]
+        assert _rel(graph, ref) <= 0.02 and _rel(got, graph) <= 0.03 and _rel(got, ref) <= 0.04, \
+            (_rel(graph, ref), _rel(got, graph))
