@@ -57,6 +57,7 @@ from ..fusions.rms_norm import rms_norm
 from ..program import Program
 
 aten = torch.ops.aten
+LINEAR_OUTPUTS = ("quantized", "float")
 _ANNOTATION = "quantization_annotation"
 
 
@@ -149,6 +150,14 @@ class CircleQuantizer(Quantizer):
       up``) and output (written straight into the residual stream) carry a trained LLM's
       massive activations; measured on SmolLM2-135M (``benchmarks/pt2e_accuracy.py``), it
       alone accounts for most of the loss. ``skip=()`` quantizes every linear.
+    - ``linear_outputs``: ``"quantized"`` (default: each linear's output is uint8 too) or
+      ``"float"``: inputs and weights uint8, the output left float (W8A8 with a float accumulator
+      output, as SmoothQuant-style LLM kernels emit). onert then runs each quantized linear as a
+      float island (DEQUANTIZE -> float FULLY_CONNECTED, no QUANTIZE after it). Measured on
+      SmolLM2-135M (``benchmarks/pt2e_localize.py``): every quantized output is a point where a
+      last-bit float difference between runtimes becomes a whole step, which each later linear
+      multiplies ~10x; without them the onert file departs from its reference 3 layers later
+      and drifts ~3x per layer instead (benchmarks/README.md, issue 18).
     - ``activation`` / ``weight``: explicit :class:`QuantizationSpec` overrides (the onert
       target needs uint8 per tensor for integer kernels; anything else is a float island).
     - ``activation_dtype``: ``"uint8"`` (above) or ``"int16"``, the NPU scheme for LLMs:
@@ -172,8 +181,12 @@ class CircleQuantizer(Quantizer):
                  activation_observer: str = "minmax", quantize_elementwise: bool | None = None,
                  per_channel_weights: bool | None = None, skip: tuple[str, ...] = None,
                  activation_dtype: str = "uint8", smooth_quant: float | None = None, calibration=None,
-                 smooth_kinds: tuple[str, ...] | None = None):
+                 smooth_kinds: tuple[str, ...] | None = None, linear_outputs: str = "quantized"):
         super().__init__()
+        if linear_outputs not in LINEAR_OUTPUTS:
+            raise InputError(f"CircleQuantizer(linear_outputs={linear_outputs!r}): expected one of "
+                             f"{', '.join(map(repr, LINEAR_OUTPUTS))}")
+        self.linear_outputs = linear_outputs
         if smooth_quant is not None and calibration is None:
             raise InputError("CircleQuantizer(smooth_quant=...) needs calibration=[input tuples] "
                              "(the per-channel activation maxima the scales come from)")
@@ -221,7 +234,8 @@ class CircleQuantizer(Quantizer):
                 x, w = n.args[0], n.args[1]
                 if x in constant or not _is_float(x) or not _is_float(w) or self._skipped(n):
                     continue
-                self._annotate(n, {x: self.activation, w: self.weight}, self.activation)
+                self._annotate(n, {x: self.activation, w: self.weight},
+                               self.activation if self.linear_outputs == "quantized" else None)
             elif n.target is aten.embedding.default:
                 w = n.args[0]
                 if _is_float(w):  # the rows come out with the table's parameters: GATHER stays integer

@@ -65,3 +65,29 @@ def test_percentile_observer_clips_a_rare_outlier():
 def test_unknown_observer_is_an_input_error():
     with pytest.raises(InputError, match="activation_observer='median'.*'minmax'"):
         CircleQuantizer(activation_observer="median")
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_float_linear_outputs_quantize_inputs_only_and_run_in_onert(per_channel):
+    """``linear_outputs="float"``: the linears' inputs and weights are uint8, their outputs are
+    not re-quantized (W8A8 with a float accumulator output), so onert runs each quantized linear
+    as a float island (DEQUANTIZE -> float FULLY_CONNECTED) and computes the fake-quant model."""
+    import circle_fx
+    from pt2e_util import ops_named, read
+
+    c, x = _converted(linear_outputs="float", per_channel_weights=per_channel)
+    assert "aten.linear.default" not in _q_outputs(c), _q_outputs(c)
+    reads = [n for n in c.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.linear.default
+             and "dequantize" in str(n.args[0].target)]
+    assert len(reads) == 2  # both linears still read a uint8-quantized input
+    cm = circle_fx.export(c, (x,), quant_target="onert")
+    cf = read(cm)
+    assert all(cf.tensors[fc.outputs[0]].quantization is None for fc in ops_named(cf, "FULLY_CONNECTED"))
+    (y,) = cm.run(x)
+    ref = c(x).detach().numpy()
+    assert abs(y - ref).max() < 1e-4 * max(1.0, abs(ref).max()), abs(y - ref).max()
+
+
+def test_unknown_linear_outputs_is_an_input_error():
+    with pytest.raises(InputError, match="linear_outputs='int8'.*'quantized', 'float'"):
+        CircleQuantizer(linear_outputs="int8")
