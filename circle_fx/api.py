@@ -84,7 +84,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
           capture_seconds: float = 0.0, progress: NullProgress | None = None,
           quant_target: str | None = None, quantize: str | QuantConfig | None = None,
-          verify: bool = True, clamp_indices: bool = True) -> CircleModel:
+          verify: bool = True, clamp_indices: bool = True, weight_cache: dict | None = None) -> CircleModel:
     """Run passes over an already captured :class:`Program` and emit it.
 
     A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
@@ -93,6 +93,8 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     weight merging see float weights, and merged weights get one scale per merged row).
     ``verify`` as for :func:`export`: inline models are checked here; a model with external
     weights (> 2 GB) is checked when saved, on the written file, before it is renamed into place.
+    ``weight_cache``: one dict passed to several lowerings of the same model's weights (export_llm's
+    decode and prefill programs), so ``quantize`` packs each weight once and the models share it.
     """
     report = report or ExportReport()
     progress = progress or NullProgress()
@@ -108,7 +110,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     if quantize is not None:
         from .quant.weight_only import QuantizeWeights
 
-        pipeline.append(QuantizeWeights(quantize))
+        pipeline.append(QuantizeWeights(quantize, cache=weight_cache))
     finalize = finalize_pipeline()
     progress.stage("passes", len(pipeline) + len(finalize))
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass

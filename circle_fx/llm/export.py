@@ -115,7 +115,7 @@ def _rename_inputs(program, names: list[str]) -> None:
     program.input_names = [n.name for n in placeholders]
 
 
-def _capture(module, args, input_names, pipeline, quantize=None, limits=None):
+def _capture(module, args, input_names, pipeline, quantize=None, limits=None, weight_cache=None):
     program = api.capture(module, args)
     _rename_inputs(program, input_names)
     # the wrapper holds the model as ``.model``: name weights as the user's model does, so
@@ -123,7 +123,7 @@ def _capture(module, args, input_names, pipeline, quantize=None, limits=None):
     names = program.gm.meta.get(CONSTANT_NAMES, {})
     names.update({k: v[len("model."):] for k, v in names.items() if v.startswith("model.")})
     program.notes["limits"] = limits  # stored in the file (circle_fx.limits metadata)
-    return api.lower(program, passes=pipeline, quantize=quantize)
+    return api.lower(program, passes=pipeline, quantize=quantize, weight_cache=weight_cache)
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
@@ -169,15 +169,17 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
         ids1 = torch.zeros(1, 1, dtype=torch.int32)
         pos = torch.zeros(1, dtype=torch.int32)
+        weights = {}  # both programs read the same parameters: each weight quantized once, stored once in memory
         with model_errors(model):
             decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
                               decode_pipe, quantize,
-                              {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}})
+                              {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
             idsP = torch.zeros(1, P, dtype=torch.int32)
             last = torch.zeros(1, dtype=torch.int32)
             prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe,
                                quantize, {"max_seq_len": S, "prefill_len": P,
-                                          "inputs": {"last_index": {"index_range": [0, P - 1]}}})
+                                          "inputs": {"last_index": {"index_range": [0, P - 1]}}}, weights)
+        del weights
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)

@@ -52,11 +52,11 @@ from ..errors import InputError
 from ..fx_utils import arguments, fake_mode_of, make_node
 from ..passes.base import Pass
 from ..passes.fold_constants import FoldConstants
-from ..program import add_constant
+from ..program import StackedTensor, add_constant, row_chunks
 from .config import QuantConfig
 from ..circle import ggml
 from .config import GGML_MODES, SENSITIVE_LINEARS
-from .ggml import pack as ggml_pack
+from .ggml import mapped_empty, pack as ggml_pack
 from ..ops_nhwc import conv2d_nhwc
 from .ops import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 
@@ -153,12 +153,13 @@ def quantize_rows(w: torch.Tensor, unsigned: bool = False) -> tuple[torch.Tensor
     if w.dim() != 2:
         raise ValueError(f"expected a 2-D weight, got shape {tuple(w.shape)}")
     rows, cols = w.shape
-    q = np.empty((rows, cols), dtype=np.uint8 if unsigned else np.int8)
+    q = mapped_empty((rows, cols), np.uint8 if unsigned else np.int8)
     scale = np.empty(rows, dtype=np.float32)
     step = max(1, _CHUNK_BYTES // max(1, cols * 4))
     with torch.no_grad():
-        for i in range(0, rows, step):
-            block = w[i:i + step].to(torch.float32).numpy()
+        for i, part in row_chunks(w, step):  # a merged weight part by part, never concatenated
+            block = part.to(torch.float32).numpy()
+            n = len(block)
             amax = np.maximum(block.max(axis=1), -block.min(axis=1))
             if not np.isfinite(amax).all():
                 raise ValueError(f"row {i + int(np.argmin(np.isfinite(amax)))} has non-finite values (inf/nan)")
@@ -169,8 +170,8 @@ def quantize_rows(w: torch.Tensor, unsigned: bool = False) -> tuple[torch.Tensor
             np.clip(r, -127, 127, out=r)
             if unsigned:
                 r += 128
-            q[i:i + step] = r
-            scale[i:i + step] = s
+            q[i:i + n] = r
+            scale[i:i + n] = s
     return torch.from_numpy(q), torch.from_numpy(scale)
 
 
@@ -194,9 +195,23 @@ class QuantizeWeights(Pass):
 
     name = "quantize_weights"
 
-    def __init__(self, config: QuantConfig | None = None):
+    def __init__(self, config: QuantConfig | None = None, cache: dict | None = None):
         super().__init__()
         self.config = config or QuantConfig()
+        #: weight identity -> its quantized arrays, shared by lowerings of one model's weights
+        #: (export_llm's decode and prefill programs): each weight is packed once, and both
+        #: files' builders reference the same arrays instead of two equal copies
+        self.cache = cache if cache is not None else {}
+
+    def _once(self, w, how: str, compute):
+        """``compute()`` for weight ``w`` encoded ``how``, or the result computed before for the same
+        storage (the captured constants of one model are views of its parameters)."""
+        parts = w.parts if isinstance(w, StackedTensor) else [w]
+        key = (how, tuple((p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), tuple(p.stride()))
+                          for p in parts))
+        if key not in self.cache:
+            self.cache[key] = (compute(), parts)  # the parts kept alive: their addresses stay theirs
+        return self.cache[key][0]
 
     def run(self, program) -> bool:
         cfg = self.config
@@ -365,7 +380,7 @@ class QuantizeWeights(Pass):
     def _rewrite_ggml(self, program, attr, w, linears, embeddings, record, name, kind) -> None:
         g = program.graph
         try:
-            blocks, err_plain, err_chosen = ggml_pack(w, ggml.BY_NAME[kind])
+            blocks, err_plain, err_chosen = self._once(w, kind, lambda: ggml_pack(w, ggml.BY_NAME[kind]))
         except ValueError as e:
             raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
         bn = self._constant(program, attr, blocks, kind)
@@ -382,7 +397,7 @@ class QuantizeWeights(Pass):
         g = program.graph
         unsigned = not linears  # a table only GATHER reads: uint8, zero point 128
         try:
-            q, scale = quantize_rows(w, unsigned=unsigned)
+            q, scale = self._once(w, f"int8 unsigned={unsigned}", lambda: quantize_rows(w, unsigned=unsigned))
         except ValueError as e:
             raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
         qn = self._constant(program, attr, q, "q")

@@ -65,6 +65,27 @@ def test_q4_0_scale_search_lowers_every_block_error():
     assert chosen < 0.92 * plain, chosen / plain  # measured: 11 % lower on gaussian weights
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "int8"])
+def test_merged_weight_quantized_part_by_part(kind, monkeypatch):
+    """A merge_linears weight (StackedTensor) packs to the bytes of its concatenation without ever
+    being concatenated (slicing it would materialize all parts for every chunk: a full-size copy)."""
+    from circle_fx.program import StackedTensor
+    from circle_fx.quant.weight_only import quantize_rows
+
+    parts = [torch.from_numpy(_weights(rows=r)) for r in (40, 24, 8)]
+    whole = torch.cat(parts)
+    quantize = (lambda w: quantize_rows(w)) if kind == "int8" else (lambda w: pack(w, ggml.BY_NAME[kind])[:1])
+    want = quantize(whole)
+
+    def refuse(self):
+        raise AssertionError("StackedTensor concatenated")
+
+    monkeypatch.setattr(StackedTensor, "materialize", refuse)
+    got = quantize(StackedTensor(parts))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_pack_rejects_bad_weights():
     with pytest.raises(ValueError, match="multiple of 32"):
         pack(torch.zeros(4, 48), ggml.Q8_0)
