@@ -130,6 +130,31 @@ def fake_mode_of(graph: fx.Graph, args: tuple = (), kwargs: dict | None = None):
     return _FAKE_MODES[graph]
 
 
+#: per fake mode: (dtype, shape, strides) of a constant -> its (shared, read-only) fake value
+_CONSTANTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def fake_constant(graph: fx.Graph, tensor: torch.Tensor):
+    """The ``meta["val"]`` of a new constant ``tensor`` in ``graph``: a fake tensor with static
+    dims (like the captured weights'; under the export's shape env ``from_tensor`` would
+    otherwise make them symbolic), or ``tensor`` itself when the graph has no fake mode.
+
+    Shared by every constant of one dtype, shape and strides, as :func:`infer_val` shares
+    equal results: a pass adding one constant per layer (merged weights, index tables) paid a
+    fake-tensor conversion for each, now one per distinct layout. Made from an uninitialised
+    tensor of that layout, so the constant's data is never read (a lazily stacked weight is
+    not concatenated)."""
+    mode = fake_mode_of(graph)
+    if mode is None:
+        return tensor
+    key = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.device.type)
+    cache = _CONSTANTS.setdefault(mode, {})
+    if key not in cache:
+        like = torch.empty_strided(key[1], key[2], dtype=tensor.dtype, device=tensor.device)
+        cache[key] = mode.from_tensor(like, static_shapes=True)
+    return cache[key]
+
+
 #: per fake mode: (target, signature of the inputs) -> the fake value computed for it
 _VALUES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 

@@ -106,11 +106,6 @@ class StackedTensor(torch.Tensor):
     def materialize(self) -> torch.Tensor:
         return torch.cat(self.parts, 0)
 
-    def empty_like(self) -> torch.Tensor:
-        """An uninitialised tensor of the same shape and dtype (pages untouched: no memory used),
-        from which a fake value for ``node.meta['val']`` can be made."""
-        return torch.empty(self.shape, dtype=self.dtype)
-
     def __repr__(self) -> str:  # noqa: D105
         return f"StackedTensor({list(self.shape)}, {self.dtype}, {len(self.parts)} parts)"
 

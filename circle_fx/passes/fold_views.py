@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..fx_utils import fake_mode_of, make_node, shape_of, static_shape
+from ..fx_utils import fake_constant, make_node, shape_of, static_shape
 from ..program import add_constant
 from .base import NodePass
 
@@ -100,8 +100,7 @@ class FoldViews(NodePass):
         index = torch.arange(xs[d - 1]).repeat_interleave(r)
         with g.inserting_before(n):
             idx = g.get_attr(add_constant(program.gm, index, f"{n.name}_repeat_index"))
-            mode = fake_mode_of(g)
-            idx.meta["val"] = mode.from_tensor(index, static_shapes=True) if mode is not None else index
+            idx.meta["val"] = fake_constant(g, index)
             return make_node(g, aten.index_select.default, (x, d - 1, idx), like=n)
 
     @staticmethod

@@ -38,7 +38,7 @@ import torch.fx as fx
 
 from ..circle.schema import QuantParams
 from ..meta import QUANT_META
-from ..fx_utils import arguments, dtype_of, fake_mode_of, make_node, static_shape
+from ..fx_utils import arguments, dtype_of, fake_constant, make_node, static_shape
 from ..program import StackedTensor, add_constant, fetch_attr
 from .base import Pass
 
@@ -167,7 +167,5 @@ def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, 
     quant = _merged_quant(parts)
     if quant is not None:
         node.meta[QUANT_META] = quant
-    mode = fake_mode_of(g)  # a fake value with static dims, like the captured weights'
-    like = tensor.empty_like() if isinstance(tensor, StackedTensor) else tensor
-    node.meta["val"] = mode.from_tensor(like, static_shapes=True) if mode is not None else like
+    node.meta["val"] = fake_constant(g, tensor)  # static dims, like the captured weights'
     return node

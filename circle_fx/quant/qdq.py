@@ -34,7 +34,7 @@ import torch.fx as fx
 
 from ..circle.schema import QuantParams
 from ..errors import InputError
-from ..fx_utils import CAST_OPS, fake_mode_of, make_node
+from ..fx_utils import CAST_OPS, fake_constant, make_node
 from ..source import source_line
 from ..meta import DEQUANTIZED_FROM, QUANT_META
 from ..fusions.rms_norm import reduces_a_square, rms_norm
@@ -308,8 +308,7 @@ class QDQLower(_TargetPass):
         for t, name in ((scales, "w_scales"), (zps, "w_zps")):
             with v.graph.inserting_before(v):
                 c = v.graph.get_attr(add_constant(program.gm, t, f"{v.target}_{name}"))
-            mode = fake_mode_of(v.graph)
-            c.meta["val"] = mode.from_tensor(t, static_shapes=True) if mode is not None else t
+            c.meta["val"] = fake_constant(v.graph, t)
             consts.append(c)
         return (w, *consts)
 
@@ -345,9 +344,7 @@ def _int_constant(program, before: fx.Node, ints: torch.Tensor, s: float, zp: in
         c = g.get_attr(name)
     if before.op == "get_attr":
         c.meta.update({k: val for k, val in before.meta.items() if k != DEQUANTIZED_FROM})
-    mode = fake_mode_of(g)
-    # static: a constant's shape must not become symbolic in the ops built on it
-    c.meta["val"] = mode.from_tensor(ints, static_shapes=True) if mode is not None else ints
+    c.meta["val"] = fake_constant(g, ints)  # static: a constant's shape must not become symbolic
     c.meta[QUANT_META] = QuantParams((s,), (zp,))
     return c
 

@@ -49,7 +49,7 @@ import torch.fx as fx
 from ..meta import CONSTANT_NAMES, QUANT_META
 from ..circle.schema import QuantParams
 from ..errors import InputError
-from ..fx_utils import arguments, fake_mode_of, make_node
+from ..fx_utils import arguments, fake_constant, make_node
 from ..passes.base import Pass
 from ..passes.fold_constants import FoldConstants
 from ..program import StackedTensor, add_constant, row_chunks
@@ -370,11 +370,9 @@ class QuantizeWeights(Pass):
 
     def _constant(self, program, attr, t, suffix):
         g = program.graph
-        mode = fake_mode_of(g)
         with g.inserting_before(attr):
             n = g.get_attr(add_constant(program.gm, t, f"{attr.target}_{suffix}"))
-        # static: a fake made under the export's shape env would otherwise get symbolic sizes
-        n.meta["val"] = mode.from_tensor(t, static_shapes=True) if mode is not None else t
+        n.meta["val"] = fake_constant(g, t)
         return n
 
     def _rewrite_ggml(self, program, attr, w, linears, embeddings, record, name, kind) -> None:
