@@ -21,10 +21,16 @@ Engines (``--engines``, comma separated):
   never imported by circle_fx: give the interpreter that has it with ``--et-python`` (default:
   this one). Engines it cannot build are reported, not fatal.
 - ``torch``: eager transformers with a ``DynamicCache``.
+- ``NAME@LABEL`` (e.g. ``int8@before``): engine NAME with its own artifact directory
+  ``WORK/NAME@LABEL``, so one interleaved run can compare two builds of one engine (a directory
+  built by an older circle_fx against a fresh one); the table names the row NAME@LABEL.
 
 Each measurement is a fresh child process pinned (``sched_setaffinity``) to ``threads`` cores,
 with the engine's thread count set to match (onert ``NUM_THREADS``, XNNPACK's threadpool,
-``torch.set_num_threads``). The children run interleaved: round r measures every engine once
+``torch.set_num_threads``), except a circle_fx package whose manifest says it has GGML weights:
+its sessions get the thread count the package asks for (``LLMRunner``: one thread for a file
+with GGML weights, onert's default for the other; docs/onert-findings.md measured two ggml
+threads 10x slower even with the second core free). The children run interleaved: round r measures every engine once
 per thread setting, in an order rotated per round, so background load hits all engines alike;
 the table shows the median over rounds. ``cpu/wall`` is process CPU time over wall time during
 the measured calls: 1.0 means one busy core, 2.0 both.
@@ -76,11 +82,16 @@ def streamed_weights(model) -> int:
 
 # ---------------------------------------------------------------- building (not timed)
 
+def base(engine: str) -> str:
+    """``int8@before`` -> ``int8``: the engine a labelled variant measures."""
+    return engine.split("@")[0]
+
+
 def build_circle(engine: str, out: str) -> None:
     import circle_fx
 
     circle_fx.export_llm(build_model(), max_seq_len=CACHE, prefill_len=PREFILL,
-                         quantize=CIRCLE_MODES[engine]).save(out)
+                         quantize=CIRCLE_MODES[base(engine)]).save(out)
 
 
 def build_et(variant: str, out: str) -> None:
@@ -139,8 +150,11 @@ def _timed(fn, reps):
 
 
 def run_circle(art: str):
+    from circle_fx.llm import manifest as mf
     from circle_fx.llm.runner import LLMRunner
 
+    if (mf.read(art).get("weights") or {}).get("ggml"):  # the package's own thread count (docstring)
+        os.environ.pop("NUM_THREADS", None)
     r = LLMRunner(art)
     prompt = [3 + i % 1000 for i in range(PREFILL)]
     r.run_prefill(prompt)  # warm-up
@@ -223,15 +237,15 @@ def child(args) -> None:
         print(json.dumps({"gbps": bandwidth(args.threads)}))
         return
     if args.child == "build":
-        (build_et if args.engine.startswith("et-") else build_circle)(args.engine, args.art)
+        (build_et if base(args.engine).startswith("et-") else build_circle)(base(args.engine), args.art)
         print(json.dumps({"built": args.art}))
         return
     import torch
 
     torch.set_num_threads(args.threads)
-    if args.engine.startswith("et-"):
+    if base(args.engine).startswith("et-"):
         decode, prefill = run_et(args.art, args.threads)
-    elif args.engine == "torch":
+    elif base(args.engine) == "torch":
         decode, prefill = run_torch()
     else:
         decode, prefill = run_circle(args.art)
@@ -298,20 +312,20 @@ def main(argv=None) -> int:
     engines, notes, failed = args.engines.split(","), {}, set()
     known = circle_modes()
     threads = [int(t) for t in args.threads.split(",")]
-    python = {e: (args.et_python if e.startswith("et-") else sys.executable) for e in engines}
-    et_why = et_missing(args.et_python) if any(e.startswith("et-") for e in engines) else None
+    python = {e: (args.et_python if base(e).startswith("et-") else sys.executable) for e in engines}
+    et_why = et_missing(args.et_python) if any(base(e).startswith("et-") for e in engines) else None
     load_start = load()
     for e in engines:
-        if e.startswith("et-") and et_why:
+        if base(e).startswith("et-") and et_why:
             notes[e] = et_why
             failed.add(e)
             continue
-        if e in CIRCLE_MODES and e not in known:
-            notes[e] = f"circle_fx has no quantize={CIRCLE_MODES[e]!r}"
+        if base(e) in CIRCLE_MODES and base(e) not in known:
+            notes[e] = f"circle_fx has no quantize={CIRCLE_MODES[base(e)]!r}"
             failed.add(e)
             continue
         art = os.path.join(work, e)
-        if e != "torch" and not os.path.isdir(art):
+        if base(e) != "torch" and not os.path.isdir(art):
             print(f"building {e} ...", file=sys.stderr)
             _, err = spawn(python[e], ["--child", "build", "--engine", e, "--art", art], threads=2)
             if err:
@@ -349,8 +363,8 @@ def main(argv=None) -> int:
           "(other processes' load slows every engine; compare rows of one run only)")
     head = [f"decode {t}thr" for t in threads] + [f"prefill {t}thr" for t in threads]
     head += [f"bound {t}c" for t in threads] + ["files"]
-    print(f"{'engine':<10}" + "".join(f"{h:>17}" for h in head))
-    print("-" * (10 + 17 * len(head)))
+    print(f"{'engine':<14}" + "".join(f"{h:>17}" for h in head))
+    print("-" * (14 + 17 * len(head)))
     for e in engines:
         row = []
         for key, scale in (("decode", 1e3), ("prefill", 1e3)):
@@ -358,9 +372,9 @@ def main(argv=None) -> int:
                 v, c = med(e, t, key, 0), med(e, t, key, 1)
                 row.append("-" if v is None else f"{v * scale:.1f} ms ({c:.2f})")
         for t in threads:
-            row.append(f"{weights * BYTES_PER_WEIGHT[e] / (bw[t] * 1e9) * 1e3:.1f} ms")
-        row.append("-" if e == "torch" else size(e))
-        print(f"{e:<10}" + "".join(f"{c:>17}" for c in row))
+            row.append(f"{weights * BYTES_PER_WEIGHT[base(e)] / (bw[t] * 1e9) * 1e3:.1f} ms")
+        row.append("-" if base(e) == "torch" else size(e))
+        print(f"{e:<14}" + "".join(f"{c:>17}" for c in row))
     print(f"\nread bandwidth: " + ", ".join(f"{t} core(s) {bw[t]:.1f} GB/s" for t in threads)
           + f"; weights streamed per decode step: {weights / 1e6:.1f} M")
     for e, n in notes.items():
