@@ -138,5 +138,5 @@ def check_ggml_runs(path) -> bool:
         raise RuntimeFailure(f"{path} has GGML block-quantized weights, which onert cannot run on this "
                              f"machine: {why}. The file itself is valid (circle_fx.verify); run it on a CPU "
                              "with AVX-512, or export with quantize=QuantConfig(weights='int8', blocks_from_rows=None) "
-                             "(int8 rows at every row count: no GGML tensor)")
+                             "(`--quantize int8-weights --int8-rows`: int8 rows at every row count, no GGML tensor)")
     return True

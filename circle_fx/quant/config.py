@@ -174,12 +174,14 @@ def parse_override(text: str) -> tuple[str, str | None]:
 
 
 def from_options(quantize: str | None, overrides=(), embedding: str | None = None,
-                 lm_head: str | None = None) -> QuantConfig | str | None:
+                 lm_head: str | None = None, int8_rows: bool = False) -> QuantConfig | str | None:
     """The command lines' ``--quantize PRESET [--override PATTERN=MODE ...] [--embedding MODE]
-    [--lm-head MODE]``: the preset, changed by the other options (``float`` keeps that part float).
+    [--lm-head MODE] [--int8-rows]``: the preset, changed by the other options (``float`` keeps that
+    part float; ``--int8-rows``: ``blocks_from_rows=None``).
     Without the other options the preset name is returned as is; they are an error without
     ``--quantize`` (there is nothing to refine)."""
-    extra = [f for f, v in (("--override", overrides), ("--embedding", embedding), ("--lm-head", lm_head)) if v]
+    extra = [f for f, v in (("--override", overrides), ("--embedding", embedding), ("--lm-head", lm_head),
+                            ("--int8-rows", int8_rows)) if v]
     if quantize is None or quantize == "none":
         if extra:
             raise InputError(f"{', '.join(extra)} refine a --quantize preset; pass --quantize too")
@@ -196,4 +198,6 @@ def from_options(quantize: str | None, overrides=(), embedding: str | None = Non
         changes["embedding"] = _mode(embedding, EMBEDDING_MODES, "--embedding")
     if lm_head:
         changes["lm_head"] = _mode(lm_head, (LM_HEAD_AUTO, *WEIGHT_MODES), "--lm-head")
+    if int8_rows:
+        changes["blocks_from_rows"] = None
     return replace(cfg, **changes)

@@ -2,7 +2,7 @@
 
 One place so the two commands cannot drift: ``--quantize PRESET`` picks a preset
 (:data:`~circle_fx.quant.config.PRESETS`), and ``--override PATTERN=MODE`` (repeatable),
-``--embedding MODE`` and ``--lm-head MODE`` refine it into a
+``--embedding MODE``, ``--lm-head MODE`` and ``--int8-rows`` refine it into a
 :class:`~circle_fx.quant.config.QuantConfig` (:func:`~circle_fx.quant.config.from_options`).
 A pattern that matches no linear is the export's own error, which names it; the overrides'
 matches are printed after the export (:func:`override_report`).
@@ -29,11 +29,16 @@ def add_arguments(parser, what: str = "") -> None:
     parser.add_argument("--lm-head", default=None, metavar="MODE",
                         help=f"with --quantize: lm_head's mode ({', '.join((LM_HEAD_AUTO, *WEIGHT_MODES, FLOAT))}; "
                              "auto = the preset's linear mode)")
+    parser.add_argument("--int8-rows", action="store_true",
+                        help="with --quantize: int8 linears stay int8 rows at every row count (default: linears "
+                             "with >= 16 static rows, e.g. an LLM's prefill, get Q8_0 blocks, ggml's faster kernel, "
+                             "which needs an AVX-512 host)")
 
 
 def quantize_from(args):
     """``export(quantize=...)`` from parsed arguments: a preset name, a QuantConfig, or None."""
-    return from_options(args.quantize, args.override, args.embedding, args.lm_head)
+    return from_options(args.quantize, args.override, args.embedding, args.lm_head,
+                        getattr(args, "int8_rows", False))
 
 
 def override_report(cm) -> list[str]:

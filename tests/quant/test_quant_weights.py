@@ -422,3 +422,15 @@ def test_int8_linears_with_many_rows_become_q8_0_blocks(rows):
     with torch.no_grad():
         ref = model(x).numpy()
     assert _rel(cm.run(x.numpy())[0], ref) < 0.03  # weight rounding + per-block/row activation quantization
+
+
+def test_int8_rows_option_keeps_int8_rows_and_needs_quantize():
+    """``--int8-rows`` (both command lines): ``blocks_from_rows=None`` on the preset; without
+    ``--quantize`` it is an error, like the other refinements."""
+    from circle_fx.quant.config import from_options
+
+    cfg = from_options("int8-weights", int8_rows=True)
+    assert cfg == QuantConfig(blocks_from_rows=None)
+    assert from_options("int8-weights") == "int8-weights"
+    with pytest.raises(InputError, match="--int8-rows refine a --quantize preset"):
+        from_options(None, int8_rows=True)
