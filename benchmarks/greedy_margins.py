@@ -42,7 +42,9 @@ def configs():
     return {
         "float32": None,
         "q8_0": "q8_0",
-        "int8-weights": "int8-weights",
+        # int8 rows in every linear, as measured before QuantConfig.blocks_from_rows (the preset now stores
+        # linears of >= 16 rows, this whole-prompt forward's, as Q8_0 blocks: the q8_0 row)
+        "int8-weights": QuantConfig(blocks_from_rows=None),
         # tied table: keeping either use float keeps both float
         "emb+head float": q8(embedding=None, lm_head=None),
         "layers 0-14 float": q8(overrides=layers(range(15))),

@@ -57,13 +57,21 @@ def _mixed(name: str, embedding="uint8-rows", lm_head="q8_0", **overrides) -> Mo
     return Mode(name, {"quantize": cfg}, {"quantize": cfg})
 
 
+def _int8_rows():
+    from circle_fx import QuantConfig
+
+    return QuantConfig(blocks_from_rows=None)
+
+
 DOWN, ATTN, V = "*.mlp.down_proj", "*.self_attn.*", "*.self_attn.v_proj"
 #: SmolLM2 has 30 layers: the first two and the last two
 ENDS = ("model.layers.[01].*", "model.layers.2[89].*")
 
 MODES = [
     Mode("float32"),
-    Mode("int8-weights", {"quantize": "int8-weights"}, {"quantize": "int8-weights"}),
+    # int8 rows in every linear (the preset stores linears of >= 16 rows, i.e. this 512-token
+    # perplexity forward and the prefill, as Q8_0 blocks: QuantConfig.blocks_from_rows)
+    Mode("int8-weights", {"quantize": _int8_rows()}, {"quantize": _int8_rows()}),
     Mode("q8_0", {"quantize": "q8_0"}, {"quantize": "q8_0"}),
     Mode("q4_0", {"quantize": "q4_0"}, {"quantize": "q4_0"}),
     # the preset with lm_head, down_proj, layers 0, 1, 28, 29 at Q8_0 (= q4_0+emb4+head8+down8+ends8)
