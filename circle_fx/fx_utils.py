@@ -66,21 +66,34 @@ def static_shape(node: Any) -> tuple[int, ...] | None:
 
 def arguments(node: fx.Node) -> list:
     """All schema arguments of a call_function node, positionally, defaults filled."""
-    target = node.target
-    schema = getattr(target, "_schema", None)
-    if schema is None:
+    spec = _arg_spec(node.target)
+    if spec is None:
         return list(node.args) + list(node.kwargs.values())
-    out = []
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args):
-            out.append(node.args[i])
-        elif arg.name in node.kwargs:
-            out.append(node.kwargs[arg.name])
-        elif arg.has_default_value():
-            out.append(arg.default_value)
-        else:
-            out.append(None)
-    return out
+    args, kwargs = node.args, node.kwargs
+    n = len(args)
+    return [args[i] if i < n else kwargs[name] if name in kwargs
+            else list(default) if type(default) is list else default  # a caller may change its copy
+            for i, (name, default) in enumerate(spec)]
+
+
+#: target -> ((argument name, default or None), ...) from its schema
+_ARG_SPECS: dict = {}
+
+
+def _arg_spec(target) -> tuple | None:
+    """The schema's argument names and defaults, read once per op: ``schema.arguments`` builds
+    new Python objects on every access, and the matcher asks for them at every candidate."""
+    try:
+        return _ARG_SPECS[target]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable target
+        return None
+    schema = getattr(target, "_schema", None)
+    spec = None if schema is None else tuple(
+        (a.name, a.default_value if a.has_default_value() else None) for a in schema.arguments)
+    _ARG_SPECS[target] = spec
+    return spec
 
 
 def is_noop(node: fx.Node) -> bool:
