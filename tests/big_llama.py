@@ -1,6 +1,9 @@
-"""A >= 600M-parameter Llama exported with int8 weights, end to end, in one process.
+"""A big Llama exported with quantized weights, end to end, in one process.
 
-    python tests/big_llama.py OUT_DIR      # prints one JSON line of measurements
+    python tests/big_llama.py OUT_DIR [QUANTIZE [CONFIG_JSON]]   # prints one JSON line of measurements
+
+Defaults: the >= 600M-parameter ``CONFIG`` below with ``int8-weights``; CONFIG_JSON updates it
+(``benchmarks/big_models.py`` runs 1.5B- and 3B-sized configs through it).
 
 Used by ``tests/quant/test_quant_big.py`` (slow) in a subprocess, so its peak RSS is this run's
 alone. The model is built on the meta device and materialised with ``to_empty`` + in-place
@@ -31,12 +34,17 @@ def peak_rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def build(seed: int = 0):
+def current_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def build(seed: int = 0, config: dict | None = None):
     """``(model, ids)``: random weights (std 0.02, norms 1) written in place, layer by layer."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    cfg = LlamaConfig(**CONFIG)
+    cfg = LlamaConfig(**{**CONFIG, **(config or {})})
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to_empty(device="cpu").eval()
@@ -52,6 +60,25 @@ def build(seed: int = 0):
     return model, ids
 
 
+def dequantize_in_place(model, kind_name: str) -> None:
+    """Replace every 2-D weight by what its ``kind_name`` blocks hold (pack, then dequantize, a few
+    rows at a time, in place: no second copy of the model). The eager model is then the exact
+    float reference of an all-``kind_name`` file: what is left is the runtime's own arithmetic
+    (ggml's kernels quantize the activations to Q8_0 blocks), not the weight rounding."""
+    from circle_fx.circle import ggml
+    from circle_fx.quant.ggml import pack
+
+    kind = ggml.BY_NAME[kind_name]
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() != 2:
+                continue
+            for i in range(0, p.shape[0], 1024):
+                rows = p[i:i + 1024]
+                blocks = pack(rows, kind)[0].numpy()
+                rows.copy_(torch.from_numpy(ggml.dequantize(kind, blocks, rows.shape)))
+
+
 _RUNNER = textwrap.dedent("""
     import sys, time, numpy as np, onert
     path, ids_path, out_path = sys.argv[1:4]
@@ -64,41 +91,52 @@ _RUNNER = textwrap.dedent("""
 """)
 
 
-def main(out_dir: str) -> dict:
+def main(out_dir: str, quantize: str = "int8-weights", config: dict | None = None) -> dict:
     import circle_fx
 
+    config = {**CONFIG, **(config or {})}
     t0 = time.perf_counter()
-    model, ids = build()
+    model, ids = build(config=config)
     params = sum(p.numel() for p in model.parameters())
+    rss_built = current_rss()  # the float model (one copy) plus the interpreter and libraries
     t1 = time.perf_counter()
-    # int8 rows at every row count (32 rows would otherwise be Q8_0 blocks, which need AVX-512)
-    cm = circle_fx.export(model, (ids,), quantize=circle_fx.QuantConfig(blocks_from_rows=None), verbose=False)
-    path = cm.save(os.path.join(out_dir, "big_int8.circle"))
+    cm = circle_fx.export(model, (ids,), quantize=quantize, verbose=False)
+    path = cm.save(os.path.join(out_dir, "big.circle"))
+    rss_convert = peak_rss()  # before the eager reference: the conversion's own peak
     t2 = time.perf_counter()
     rms = cm.op_histogram()["RMS_NORM"]
     by_dtype = cm.weight_bytes_by_dtype()
     del cm
     with torch.no_grad():
         ref = model(ids).logits.numpy()
+    ref_dq = None
+    if set(by_dtype) <= {"GGML_Q4_0", "float32", "int32", "int64"}:  # every weight Q4_0: an exact reference
+        dequantize_in_place(model, "q4_0")
+        with torch.no_grad():
+            ref_dq = model(ids).logits.numpy()
     t3 = time.perf_counter()
-    rss_convert = peak_rss()
     del model
     ids_path, out_path = os.path.join(out_dir, "ids.npy"), os.path.join(out_dir, "logits.npy")
     np.save(ids_path, ids.numpy().astype(np.int64))
     proc = subprocess.run([sys.executable, "-c", _RUNNER, path, ids_path, out_path], capture_output=True,
-                          text=True, env=dict(os.environ, USE_MMAPED_DATA="1"), timeout=600)
+                          text=True, env=dict(os.environ, USE_MMAPED_DATA="1"), timeout=1200)
     if proc.returncode != 0:
         raise SystemExit(f"onert failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     onert_seconds, rss_onert = proc.stdout.split()
     got = np.load(out_path)
-    return {"params": params, "file_bytes": os.path.getsize(path), "float32_bytes": 4 * params,
-            "weight_bytes_by_dtype": by_dtype, "rms_norm": rms, "layers": CONFIG["num_hidden_layers"],
-            "build_s": t1 - t0, "export_save_s": t2 - t1, "eager_s": t3 - t2, "onert_s": float(onert_seconds),
-            "total_s": time.perf_counter() - t0, "peak_rss_convert": rss_convert, "peak_rss_onert": int(rss_onert),
+    return {"params": params, "quantize": quantize, "path": path, "file_bytes": os.path.getsize(path),
+            "float32_bytes": 4 * params, "weight_bytes_by_dtype": by_dtype, "rms_norm": rms,
+            "layers": config["num_hidden_layers"], "build_s": t1 - t0, "export_save_s": t2 - t1,
+            "eager_s": t3 - t2, "onert_s": float(onert_seconds), "total_s": time.perf_counter() - t0,
+            "rss_built": rss_built, "peak_rss_convert": rss_convert, "peak_rss_onert": int(rss_onert),
             "rel_err": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
             "top1": float((got.argmax(-1) == ref.argmax(-1)).mean()), "positions": int(got.shape[1]),
+            # against the eager model holding the file's dequantized weights (q4_0 only)
+            "rel_err_dequantized": None if ref_dq is None else float(np.linalg.norm(got - ref_dq) / np.linalg.norm(ref_dq)),
+            "top1_dequantized": None if ref_dq is None else float((got.argmax(-1) == ref_dq.argmax(-1)).mean()),
             "shape_ok": list(got.shape) == list(ref.shape)}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    args = sys.argv[1:]
+    print(json.dumps(main(args[0], *args[1:2], *([json.loads(args[2])] if len(args) > 2 else []))))
