@@ -217,10 +217,20 @@ def infer_val(graph: fx.Graph, target, args: tuple, kwargs: dict):
             if cached is not None:
                 return type(cached)(cached) if type(cached) in (list, tuple) else cached
     result = _evaluate(mode, target, args, kwargs)
-    if key is not None and (isinstance(result, torch.Tensor) or (
-            isinstance(result, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in result))):
+    if key is not None and _shareable(result):
         _VALUES[mode][key] = result
     return result
+
+
+def _shareable(result) -> bool:
+    """May nodes with equal input signatures share ``result``? Only plain results: not one
+    with a data-dependent (unbacked) size, which would tell the shape env that two
+    ``nonzero`` counts are equal, and not a view, whose ``_base`` and storage are the first
+    node's input."""
+    values = result if isinstance(result, (list, tuple)) else (result,)
+    return bool(values) and all(
+        isinstance(v, torch.Tensor) and v._base is None
+        and all(type(d) is int for d in (*v.shape, *v.stride())) for v in values)
 
 
 def _evaluate(mode, target, args: tuple, kwargs: dict):

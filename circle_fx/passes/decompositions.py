@@ -272,8 +272,21 @@ def acos(x):
     return torch.where(x < 0, math.pi - y, y)
 
 
+#: asin's Maclaurin series, sum (2n)! / (4^n (n!)^2 (2n+1)) a^(2n+1), to n = 9 (below 2e-8
+#: relative for a < 0.5), highest power first
+_ASIN_SERIES = tuple(math.factorial(2 * n) / (4 ** n * math.factorial(n) ** 2 * (2 * n + 1)) for n in range(9, -1, -1))
+
+
 def asin(x):
-    return math.pi / 2 - acos(x)
+    """``pi/2 - acos(x)``, except below ``|x| = 0.5`` where that difference cancels (``asin(1e-5)``
+    would be 1.3 % off in float32): there the odd series, as :func:`erf` does."""
+    a = x.abs()
+    a2 = a * a
+    series = torch.zeros_like(a)
+    for c in _ASIN_SERIES:
+        series = series * a2 + c
+    y = torch.where(a < 0.5, series * a, math.pi / 2 - acos(a))
+    return torch.where(x < 0, -y, y)
 
 
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):

@@ -168,7 +168,7 @@ def _uniform(bins) -> tuple[int, int] | None:
     average pool then computes them: 7 -> 3 bins is kernel 3, stride 2), else None."""
     sizes = {e - s for s, e in bins}
     steps = {b[0] - a[0] for a, b in zip(bins, bins[1:])}
-    if len(sizes) != 1 or len(steps) > 1:
+    if len(sizes) != 1 or len(steps) > 1 or steps == {0}:  # {0}: one input cell copied to every bin
         return None
     k = sizes.pop()
     return k, (steps.pop() if steps else k)
@@ -208,8 +208,12 @@ def adaptive_avg_pool1d(x, output_size):
         return NotImplemented
     if out == 1:
         return x.mean(-1, keepdim=True)
-    y = adaptive_avg_pool2d(x.unsqueeze(-2), [1, out])
-    return NotImplemented if y is NotImplemented else y.squeeze(-2)
+    unbatched = x.dim() == 2
+    y = adaptive_avg_pool2d((x.unsqueeze(0) if unbatched else x).unsqueeze(-2), [1, out])
+    if y is NotImplemented:
+        return y
+    y = y.squeeze(-2)
+    return y.squeeze(0) if unbatched else y
 
 
 DECOMPOSITIONS = {

@@ -29,7 +29,7 @@ def moved(x):
     """Pattern marker: ``x``, or ``x`` after any chain of data-movement ops (view, reshape,
     transpose, permute, unsqueeze, squeeze, expand; ``fx_utils.MOVEMENT_OPS``), which the
     match covers. Longer chains are tried first. What the chain does to the layout is for a
-    rule check to judge (e.g. SmoothQuant's channel map, ``circle_fx/quant/smooth.py``)."""
+    rule check to judge (e.g. SmoothQuant's channel map, ``circle_fx/quant/smooth_rules.py``)."""
     if isinstance(x, fx.Proxy):
         return x.tracer.create_proxy("call_function", moved, (x,), {})
     return x

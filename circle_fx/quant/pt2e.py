@@ -219,7 +219,7 @@ class CircleQuantizer(Quantizer):
 
             from .smooth import KINDS
 
-            self.smoothed = smooth_quant(model, self.calibration, self.smooth_quant, self.smooth_kinds or KINDS)
+            self.smoothed = smooth_quant(model, self.calibration, self.smooth_quant, KINDS if self.smooth_kinds is None else self.smooth_kinds)
         return model
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:

@@ -152,9 +152,36 @@ def _up(m) -> fx.Node:
                 and n.args[1] is look_through(m["w_" + ("up" if "w_up" in m.bindings else "v")]))
 
 
+def _reads(n, source: fx.Node, before: fx.Node) -> bool:
+    """Does ``n`` (a node or a constant) depend on ``source``? Walks ``source``'s users forward,
+    in graph order up to ``before`` only (the walk stays local: a few view ops)."""
+    if not isinstance(n, fx.Node):
+        return False
+    order = {x: i for i, x in enumerate(before.graph.nodes)}
+    stop, seen, todo = order[before], {source}, [source]
+    while todo:
+        for u in todo.pop().users:
+            if u not in seen and order[u] < stop:
+                seen.add(u)
+                todo.append(u)
+    return n in seen
+
+
 def gate_not_up(m):
-    if look_through(m["a"]) is _up(m):
-        return "the mul squares up_proj (mul(up, up)): not linear in up"
+    """The multiplier must not depend on ``up``: ``silu(up) * up`` (or ``up * up``) is not linear
+    in ``up``, so ``up``'s rows cannot take ``1/s``."""
+    if _reads(m["a"], _up(m), m.root):
+        return "the mul's other factor depends on up_proj (e.g. mul(up, up)): not linear in up"
+    return None
+
+
+def value_path_only(m):
+    """Only V may depend on ``v_proj``: when the query, key, attention weights or mask read it too
+    (``sdpa(h, h, h)``), scaling ``v_proj``'s rows changes the attention weights as well."""
+    u = _up(m)
+    for name in ("q", "k", "p", "mask"):
+        if name in m.bindings and _reads(m[name], u, m.root):
+            return f"the attention's {name} depends on v_proj ({describe(u)}): not linear in V alone"
     return None
 
 
@@ -193,6 +220,8 @@ def _labels_through(n: fx.Node, labels: dict):
                                and any(isinstance(a, fx.Node) for a in (*n.args[1:], *n.kwargs.values()))):
         return f"{describe(n)} has a dynamic shape"
     out_shape = tuple(n.meta["val"].shape)
+    if not all(isinstance(d, int) for d in out_shape):
+        return f"{describe(n)} has a dynamic shape {list(out_shape)}"
     if n.target in ATTENTION_OPS:
         if lab.dim() < 2:
             return f"{describe(n)}: V is {lab.dim()}-D"
@@ -217,6 +246,8 @@ def _channel_map(m) -> tuple[torch.Tensor | None, str | None]:
     if "val" not in v.meta:
         return None, f"{describe(v)} has no shape"
     shape = tuple(v.meta["val"].shape)
+    if not all(isinstance(d, int) for d in shape):
+        return None, f"{describe(v)} has a dynamic shape {list(shape)}"
     labels = {v: torch.arange(shape[-1]).expand(shape)}
     order = {n: i for i, n in enumerate(m.root.graph.nodes)}
     for n in sorted(m.nodes, key=order.__getitem__):
@@ -243,7 +274,8 @@ def _not_a_rewrite(m, graph):
 
 _CHECKS = (weights_constant, weights_private)
 MLP_RULES = [Rewrite("smooth_gated_mlp", Pattern(gated_mlp), _not_a_rewrite, (gate_not_up, *_CHECKS), "up_proj")]
-ATTENTION_RULES = [Rewrite(f"smooth_{p.__name__}", Pattern(p), _not_a_rewrite, (*_CHECKS, channel_map), "v_proj")
+ATTENTION_RULES = [Rewrite(f"smooth_{p.__name__}", Pattern(p), _not_a_rewrite, (*_CHECKS, value_path_only, channel_map),
+                           "v_proj")
                    for p in (attention_sdpa, attention_matmul, attention_bmm)]
 
 

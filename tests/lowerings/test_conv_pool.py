@@ -55,8 +55,11 @@ FORMS = {
     "adaptive_avg_pool_uneven_2x5": (nn.AdaptiveAvgPool2d((2, 5)), X4, "CONCATENATION"),
     "adaptive_avg_pool_upernet_6": (nn.AdaptiveAvgPool2d(6), r(1, 4, 16, 16), "CONCATENATION"),
     "adaptive_avg_pool_uniform_7_to_3": (nn.AdaptiveAvgPool2d(3), r(1, 4, 7, 7), "AVERAGE_POOL_2D"),
+    # one input cell copied to every bin (VGG's AdaptiveAvgPool2d(7) on a 1 x 1 map): no stride-0 pool
+    "adaptive_avg_pool_1_to_7": (nn.AdaptiveAvgPool2d(7), r(1, 4, 1, 1), "CONCATENATION"),
     "adaptive_avg_pool1d_swin": (nn.AdaptiveAvgPool1d(1), r(2, 6, 10), "MEAN"),
     "adaptive_avg_pool1d_uneven": (nn.AdaptiveAvgPool1d(4), r(2, 6, 10), "CONCATENATION"),
+    "adaptive_avg_pool1d_unbatched": (nn.AdaptiveAvgPool1d(5), r(6, 10), "AVERAGE_POOL_2D"),
     "conv1d_grouped": (nn.Conv1d(4, 6, 3, padding=1, groups=2), r(2, 4, 10), "CONV_2D"),
     "conv1d_depthwise_causal_pad": (nn.Conv1d(4, 4, 4, padding=3, groups=4), r(1, 4, 10), "DEPTHWISE_CONV_2D"),
     "conv1d_stride2": (nn.Conv1d(4, 3, 5, stride=2, padding=2), r(1, 4, 11), "CONV_2D"),

@@ -177,9 +177,10 @@ def _dense(lo, hi, n=200001):
 @pytest.mark.parametrize("op, ref, lo, hi, bound", [
     (torch.erf, math.erf, -6.0, 6.0, 4e-7),
     (torch.acos, math.acos, -1.0, 1.0, 6e-7),
+    (torch.asin, math.asin, -1.0, 1.0, 6e-7),
 ])
 def test_polynomial_forms_error_in_onert(op, ref, lo, hi, bound):
-    """erf / acos have no Circle operator (ATAN2 neither, in onert 0.1.0): their
+    """erf / acos / asin have no Circle operator (ATAN2 neither, in onert 0.1.0): their
     decompositions are polynomials; over a dense grid, run in onert, the absolute error
     against float64 stays within ``bound`` (measured 3.1e-7 for erf, 4.3e-7 for acos; erf's
     relative error near 0 within 1e-6, where a single A&S formula would be 24 % off)."""
@@ -190,7 +191,7 @@ def test_polynomial_forms_error_in_onert(op, ref, lo, hi, bound):
     want = np.array([ref(v) for v in x.double().tolist()])
     err = np.abs(got - want)
     assert err.max() < bound, (float(err.max()), float(x[err.argmax()]))
-    if op is torch.erf:
+    if op in (torch.erf, torch.asin):  # odd functions: near 0 their series keeps the relative error
         small = (np.abs(want) > 0) & (np.abs(x.numpy()) < 0.5)
         assert (err[small] / np.abs(want[small])).max() < 1e-6
 
@@ -200,7 +201,7 @@ def test_decomposed_ops_had_no_lowering():
     would silently stop testing the mechanism)."""
     for op in (aten.stack.default, aten.gather.default, aten.scatter.src, aten.expm1.default, aten.var_mean.correction,
                aten.convolution.default, aten.view_as_complex.default, aten.slice_scatter.default,
-               aten.erf.default, aten.acos.default, aten.col2im.default):
+               aten.erf.default, aten.acos.default, aten.asin.default, aten.col2im.default):
         assert lowering_for(op) is None, op
 
 

@@ -114,7 +114,7 @@ def test_tied_lm_head_is_stored_once(tmp_path):
     assert model.lm_head.weight is model.model.embed_tokens.weight
     with torch.no_grad():
         ref = model(ids).logits.numpy()
-    cm = circle_fx.export(model, (ids,), quantize="int8-weights", verbose=False)
+    cm = circle_fx.export(model, (ids,), quantize=INT8_ROWS, verbose=False)
     table_bytes = 4096 * 256
     cf = read_circle(cm.save(tmp_path / "tied.circle"))
     sized = [b for b in cf.buffers if b.size == table_bytes]

@@ -61,6 +61,13 @@ class Block(torch.nn.Module):
             v = self.v(y).view(b, t, self.kv, self.hd).transpose(1, 2)
         if self.spelling == "gqa_sdpa":
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        elif self.spelling == "bmm":  # the attention on [B*H, T, D] (GPT-J/-NeoX-era eager code)
+            k, v = self._repeat(k), self._repeat(v)
+            p = torch.softmax(q @ k.transpose(2, 3) * self.hd ** -0.5, -1)
+            a = torch.bmm(p.reshape(b * self.h, t, t), v.reshape(b * self.h, t, self.hd)).reshape(b, self.h, t, self.hd)
+        elif self.spelling == "v_as_query":  # near miss: q and k are V too, so scaling V moves the weights
+            v = self._repeat(v)
+            a = F.scaled_dot_product_attention(v, v, v)
         elif self.spelling == "matmul":
             k, v = self._repeat(k), self._repeat(v)
             mask = torch.full((t, t), float("-inf")).triu(1)
@@ -103,8 +110,8 @@ def _check(heads, kv, head_dim, bias, spelling, seed, t, log_range):
 
 
 CASES = dict(kv=st.integers(1, 2), group=st.integers(1, 3), head_dim=st.sampled_from([2, 4, 8]), bias=st.booleans(),
-             spelling=st.sampled_from(["repeat_sdpa", "gqa_sdpa", "matmul"]), seed=st.integers(0, 2 ** 16),
-             t=st.integers(1, 5), log_range=st.floats(0.0, 3.0))
+             spelling=st.sampled_from(["repeat_sdpa", "gqa_sdpa", "matmul", "bmm"]), seed=st.integers(0, 2 ** 16),
+             t=st.integers(1, 5), log_range=st.floats(0.5, 3.0))  # 0 would make every scale 1
 
 
 @FUZZ
@@ -127,6 +134,31 @@ def test_layouts_that_mix_positions_are_refused(spelling):
     assert [g.kind for g in groups] == ["rms_norm"]
     assert [(s.kind, s.check) for s in skipped] == [("v_proj", "channel_map")], skipped
     assert "position" in skipped[0].reason
+
+
+def test_value_also_used_as_query_is_refused():
+    """``sdpa(v, v, v)``: the channel map alone would accept it (o_proj's columns do read V's
+    channels), but scaling v_proj moves q and k as well: check ``value_path_only`` refuses it,
+    and folding what is found keeps the model exact."""
+    model, x = Block(heads=2, kv_heads=2, spelling="v_as_query"), torch.randn(1, 3, 8)
+    gm = _fused(model, x)
+    groups, skipped = smooth_candidates(gm)
+    assert [(s.kind, s.check) for s in skipped] == [("v_proj", "value_path_only")], skipped
+    assert "q depends on v_proj" in skipped[0].reason
+
+
+def test_dynamic_length_is_skipped_not_an_error():
+    """A dynamic sequence length: the channel labels need static shapes, so the v_proj
+    candidate is skipped with the reason (``explain`` still works, as ``export`` does)."""
+    model, x = Block(), torch.randn(1, 3, 16)
+    t = torch.export.Dim("t", min=2, max=64)
+    gm = torch.export.export(model.eval(), (x,), dynamic_shapes=({1: t},), strict=False).module()
+    fuse_rms_norms(gm)
+    groups, skipped = smooth_candidates(gm)
+    assert [g.kind for g in groups] == ["rms_norm"]
+    assert [(s.kind, s.check) for s in skipped] == [("v_proj", "channel_map")] and "dynamic" in skipped[0].reason
+    text = circle_fx.explain(model, (x,), dynamic_shapes=({1: t},)).format()
+    assert "channel_map" in text
 
 
 def test_shared_o_proj_weight_is_refused_and_explained():
