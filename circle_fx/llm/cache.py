@@ -48,9 +48,10 @@ class GraphCache(Cache):
     a new value); that clone is the next state unless an ``update_*`` call replaces it. A layer
     that reuses another's K/V (Gemma 3n / 4) never calls ``update`` and has no state."""
 
-    def __init__(self, num_layers: int, past: dict | None = None):
+    def __init__(self, num_layers: int, past: dict | None = None, past_length=0):
         super().__init__(layers=[DynamicLayer() for _ in range(num_layers)])
         self.past = past
+        self.past_length = past_length  # what get_seq_length answers (see there)
         self.new: dict[tuple, torch.Tensor] = {}
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -97,8 +98,15 @@ class GraphCache(Cache):
     def is_recording_past(self, layer_idx: int) -> bool:
         return False
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # never asked for once a prepared mask and position_ids are given
+    def get_seq_length(self, layer_idx: int = 0):
+        """How many tokens are cached: 0 in prefill; in decode the run-time ``position`` input
+        (a [1] int tensor) when the decode model is captured with ``past_length_input``, else 0.
+        Models that take ``position_ids`` never need it; decoders whose forward has no
+        ``position_ids`` (Marian, Pegasus, Blenderbot, BigBird-Pegasus) derive their positions
+        as ``arange(seq_len) + get_seq_length()``, which a tensor answers without RANGE (the
+        ``arange`` is static). A model that uses it as a Python number (a branch, a slice bound,
+        ``arange``'s start) cannot take a run-time value: export_llm captures those with 0."""
+        return self.past_length
 
     def get_mask_sizes(self, query_length, layer_idx=0):
         raise AssertionError("circle_fx passes prepared masks; transformers should not build one")
@@ -209,9 +217,10 @@ class DecodeStep(torch.nn.Module):
     """One token: ``(input_ids [1,1], position [1], key_cache_0, value_cache_0, conv_cache_1, ...)``
     -> ``{"logits": [1,1,V], "key_0": [1,Hkv,1,D], "value_0": ..., "conv_1": next state, ...}``."""
 
-    def __init__(self, model, spec):
+    def __init__(self, model, spec, past_length_input: bool = True):
         super().__init__()
         self.model, self.spec = model, spec
+        self.past_length_input = past_length_input  # GraphCache.get_seq_length answers ``position``
         S = spec.max_seq_len
         # key slot j of the attention: cache rows 0..S-1, then the new row (index S).
         # lo[j] < position hides unwritten / future cache rows, and the new row (-1) always passes;
@@ -222,7 +231,8 @@ class DecodeStep(torch.nn.Module):
 
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
-        cache = GraphCache(L, {c.key: t for c, t in zip(spec.caches, caches)})
+        cache = GraphCache(L, {c.key: t for c, t in zip(spec.caches, caches)},
+                           position if self.past_length_input else 0)
         full = self.lo < position
         sliding = full & (self.hi > position - spec.sliding_window) if spec.sliding_window else full
         shape = (1, 1, 1, spec.max_seq_len + 1)

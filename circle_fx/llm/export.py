@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
+import logging
 import os
+import sys
 import traceback
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import api
-from ..errors import CircleFxError, InputError, ModelError, UnsupportedDtypeError
+from ..errors import CaptureError, CircleFxError, InputError, ModelError, UnsupportedDtypeError
 from ..passes import default_pipeline
 from ..meta import CONSTANT_NAMES
 from ..quant.config import resolve_quantize
@@ -115,8 +118,8 @@ def _rename_inputs(program, names: list[str]) -> None:
     program.input_names = [n.name for n in placeholders]
 
 
-def _capture(module, args, input_names, pipeline, quantize=None, limits=None, weight_cache=None):
-    program = api.capture(module, args)
+def _capture(module, args, input_names, pipeline, quantize=None, limits=None, weight_cache=None, program=None):
+    program = api.capture(module, args) if program is None else program
     _rename_inputs(program, input_names)
     # the wrapper holds the model as ``.model``: name weights as the user's model does, so
     # ``QuantConfig.skip``/``overrides`` patterns and messages read ``model.layers.0...``, not ``model.model...``
@@ -124,6 +127,30 @@ def _capture(module, args, input_names, pipeline, quantize=None, limits=None, we
     names.update({k: v[len("model."):] for k, v in names.items() if v.startswith("model.")})
     program.notes["limits"] = limits  # stored in the file (circle_fx.limits metadata)
     return api.lower(program, passes=pipeline, quantize=quantize, weight_cache=weight_cache)
+
+
+def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, weight_cache=None):
+    """The decode step, with ``Cache.get_seq_length()`` answering the run-time ``position``
+    (decoders without ``position_ids`` derive their positions from it, see
+    :meth:`~circle_fx.llm.cache.GraphCache.get_seq_length`). A model that uses that length as
+    a Python number (a branch, a slice bound, ``arange``'s start: GIT, MVP, RoFormer, MPT)
+    cannot be captured with a run-time value; it is captured again with 0 (as before: right for
+    GIT and MPT, which are given ``position_ids`` / read it for a slice; MVP and RoFormer then
+    take position 0 in every decode step)."""
+    # torch.export prints the partial graph to stderr when a data-dependent guard fails: that
+    # failure is expected here, so the first attempt's stderr is shown only if it succeeds
+    err, shapes_log = io.StringIO(), logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    try:
+        shapes_log.setLevel(logging.ERROR)  # ... and logs a warning about the unbacked symbol
+        with contextlib.redirect_stderr(err):
+            program = api.capture(DecodeStep(model, spec), args)
+        sys.stderr.write(err.getvalue())
+    except (CaptureError, InputError):
+        program = api.capture(DecodeStep(model, spec, past_length_input=False), args)
+    finally:
+        shapes_log.setLevel(level)
+    return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program)
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
@@ -171,9 +198,9 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         pos = torch.zeros(1, dtype=torch.int32)
         weights = {}  # both programs read the same parameters: each weight quantized once, stored once in memory
         with model_errors(model):
-            decode = _capture(DecodeStep(model, spec), (ids1, pos, caches), ["input_ids", "position", *cache_names],
-                              decode_pipe, quantize,
-                              {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
+            decode = _capture_decode(model, spec, (ids1, pos, caches), ["input_ids", "position", *cache_names],
+                                     decode_pipe, quantize,
+                                     {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
             idsP = torch.zeros(1, P, dtype=torch.int32)
             last = torch.zeros(1, dtype=torch.int32)
             prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe,

@@ -1,0 +1,47 @@
+"""Decoders whose forward takes no ``position_ids`` (Marian, Pegasus, Blenderbot,
+BigBird-Pegasus) derive their positions from the cache: ``arange(seq_len) +
+cache.get_seq_length()``. ``GraphCache.get_seq_length`` answers the decode model's run-time
+``position`` input, so every decode step embeds its own position (with 0 every step took
+position 0: Marian / Pegasus generated other tokens from the second one). Runs in onert and
+compares with transformers' greedy generate, through the prefill model and through decode
+steps only."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import hf_families as hf  # noqa: E402
+
+PROMPTS = ([5, 17, 9], [5, 17, 9, 33, 42, 100, 7])  # shorter and longer than P
+NEW, S, P = 6, 16, 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, cls", [("marian", "MarianForCausalLM"), ("blenderbot", "BlenderbotForCausalLM")])
+def test_positions_from_cache_length_generate_exactly(family, cls, tmp_path):
+    model = hf.build(family, cls, decoder=True)
+    model.config.use_cache = model.generation_config.use_cache = True
+    assert "position_ids" not in model.model.decoder.forward.__code__.co_varnames  # the case under test
+    pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None)
+    pkg.save(tmp_path)
+    runner = pkg.runner()
+    for ids in PROMPTS:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                                 forced_eos_token_id=None, pad_token_id=0, output_scores=True,
+                                 return_dict_in_generate=True)
+        want, scores = out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
+        for use_prefill in (True, False):
+            got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
+            assert got == want, f"{family} prompt {ids} prefill={use_prefill}: {got[len(ids):]} vs {want[len(ids):]}"
+            diff = max(float(np.abs(g - s).max()) for g, s in zip(logits, scores))
+            assert diff < 1e-3, f"{family} prompt {ids} prefill={use_prefill}: logits differ by {diff}"
