@@ -20,8 +20,12 @@ Measured in one process, same machine, same run:
   ``TRACING_MODE=1 WORKSPACE_DIR=<dir>`` and the per-op averages in ``trace.json`` are summed
   by op type.
 
-int8 weights: ``--int8`` also exports the same model with ``quantize="int8-weights"`` and fills
-the ``onert int8`` column (or pass an exported package with ``--int8-package DIR``).
+Quantized weights: ``--quant MODE`` (repeatable: ``int8-weights``, ``q8_0``, ``q4_0``, ``q4_0-mix``)
+also exports the same model with ``quantize=MODE`` and adds an ``onert MODE`` column and its
+per-token time as a fraction of float32's (issue 17 asks q4_0 <= 1/3). The per-position times of all
+onert packages are measured interleaved (one step of each package in turn, ``--reps`` rounds), so
+a change of the machine's load hits every column alike. ``--int8`` is ``--quant int8-weights``;
+``--int8-package DIR`` measures an int8 package exported before.
 """
 from __future__ import annotations
 
@@ -54,35 +58,41 @@ def build_model():
     return LlamaForCausalLM(cfg).eval()
 
 
-def onert_times(package: str, reps: int, new: int):
+def onert_times(packages: dict, reps: int, new: int) -> dict:
+    """``{name: (per-position seconds, tokens/s, prefill seconds, greedy tokens)}``; the per-position
+    steps interleaved across the packages (one step of each in turn, ``reps`` rounds)."""
     from circle_fx.llm.runner import LLMRunner
 
-    r = LLMRunner(package)
-    per_pos = {}
+    runners = {name: LLMRunner(pkg) for name, pkg in packages.items()}
+    ts = {name: {p: [] for p in POSITIONS} for name in runners}
     for p in POSITIONS:
-        r.step(1, p)  # warm-up
-        ts = []
+        for r in runners.values():
+            r.step(1, p)  # warm-up
         for _ in range(reps):
-            t = time.perf_counter()
-            r.step(1, p)
-            ts.append(time.perf_counter() - t)
-        per_pos[p] = statistics.median(ts)
-    prompt = list(range(3, 3 + PROMPT))
-    t = time.perf_counter()
-    r.run_prefill(prompt)
-    prefill = time.perf_counter() - t
-    steps = []
-    orig = r.step
+            for name, r in runners.items():
+                t = time.perf_counter()
+                r.step(1, p)
+                ts[name][p].append(time.perf_counter() - t)
+    out = {}
+    for name, r in runners.items():
+        per_pos = {p: statistics.median(ts[name][p]) for p in POSITIONS}
+        prompt = list(range(3, 3 + PROMPT))
+        t = time.perf_counter()
+        r.run_prefill(prompt)
+        prefill = time.perf_counter() - t
+        steps = []
+        orig = r.step
 
-    def timed(token, position):
-        t0 = time.perf_counter()
-        out = orig(token, position)
-        steps.append(time.perf_counter() - t0)
-        return out
+        def timed(token, position, orig=orig, steps=steps):
+            t0 = time.perf_counter()
+            res = orig(token, position)
+            steps.append(time.perf_counter() - t0)
+            return res
 
-    r.step = timed
-    tokens = r.generate(prompt, new, eos_token_ids=[])
-    return per_pos, len(steps) / sum(steps), prefill, tokens
+        r.step = timed
+        tokens = r.generate(prompt, new, eos_token_ids=[])
+        out[name] = (per_pos, len(steps) / sum(steps), prefill, tokens)
+    return out
 
 
 def torch_times(model, reps: int, new: int):
@@ -154,7 +164,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--package", help="an already exported package directory (default: export now)")
     ap.add_argument("--int8-package", help="an already exported package with int8 weights")
-    ap.add_argument("--int8", action="store_true", help="also export and measure an int8-weights package")
+    ap.add_argument("--int8", action="store_true", help="same as --quant int8-weights")
+    ap.add_argument("--quant", action="append", default=[], metavar="MODE",
+                    help="also export and measure quantize=MODE (int8-weights, q8_0, q4_0, q4_0-mix); repeatable")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--new", type=int, default=32, help="new tokens for the tokens/s measurement")
     ap.add_argument("--trace-steps", type=int, default=20)
@@ -172,34 +184,49 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN).save(package)
         print(f"exported to {package} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-    on_pos, on_tps, on_prefill, on_tokens = onert_times(package, args.reps, args.new)
-    if args.int8 and not args.int8_package:
-        args.int8_package = tempfile.mkdtemp(prefix="llm_decode_int8_")
-        circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN,
-                             quantize="int8-weights").save(args.int8_package)
-    q = onert_times(args.int8_package, args.reps, args.new) if args.int8_package else None
+    modes = list(dict.fromkeys((["int8-weights"] if args.int8 or args.int8_package else []) + args.quant))
+    packages, exported = {"f32": package}, []
+    for mode in modes:
+        if mode == "int8-weights" and args.int8_package:
+            packages[mode] = args.int8_package
+            continue
+        packages[mode] = tempfile.mkdtemp(prefix=f"llm_decode_{mode}_")
+        exported.append(packages[mode])
+        t = time.perf_counter()
+        circle_fx.export_llm(model, max_seq_len=MAX_SEQ_LEN, prefill_len=PREFILL_LEN, quantize=mode).save(packages[mode])
+        print(f"exported {mode} to {packages[mode]} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    measured = onert_times(packages, args.reps, args.new)
+    on_pos, on_tps, on_prefill, on_tokens = measured["f32"]
     threads = torch.get_num_threads()
     th_pos, th_tps, th_tokens = torch_times(model, args.reps, args.new)
     torch.set_num_threads(1)  # onert's CPU backend runs these ops on one thread: the like-for-like baseline
     t1_pos, t1_tps, _ = torch_times(model, args.reps, args.new)
     torch.set_num_threads(threads)
     by_op, work = trace(package, args.trace_steps)
-    if made and not args.keep:
-        shutil.rmtree(package, ignore_errors=True)  # two ~480 MB files
+    if not args.keep:
+        for d in ([package] if made else []) + exported:
+            shutil.rmtree(d, ignore_errors=True)  # two ~480 MB files (float32)
 
-    cols = ["onert f32", "onert int8", f"torch {threads}thr", "torch 1thr", f"f32/torch{threads}", "f32/torch1"]
-    print(f"\nDecode, 125M Llama (12 layers, hidden 768, 4 KV heads, vocab 32000), float32, max_seq_len {MAX_SEQ_LEN}; "
-          f"onert single-threaded CPU backend; torch eager with DynamicCache")
-    print(f"{'':28}" + "".join(f"{c:>13}" for c in cols))
-    print("-" * (28 + 13 * len(cols)))
+    cols = ["onert f32", *(f"onert {m}" for m in modes), f"torch {threads}thr", "torch 1thr", f"f32/torch{threads}",
+            "f32/torch1", *(f"{m}/f32" for m in modes)]
+    w = max(13, *(len(c) + 2 for c in cols))
+    print(f"\nDecode, 125M Llama (12 layers, hidden 768, 4 KV heads, vocab 32000), max_seq_len {MAX_SEQ_LEN}; "
+          f"onert packages interleaved (each runner's own NUM_THREADS advice); torch eager with DynamicCache")
+    print(f"{'':28}" + "".join(f"{c:>{w}}" for c in cols))
+    print("-" * (28 + w * len(cols)))
     for p in POSITIONS:
-        row = [f"{on_pos[p] * 1e3:.1f} ms", f"{q[0][p] * 1e3:.1f} ms" if q else "n/a", f"{th_pos[p] * 1e3:.1f} ms",
-               f"{t1_pos[p] * 1e3:.1f} ms", f"{on_pos[p] / th_pos[p]:.2f}x", f"{on_pos[p] / t1_pos[p]:.2f}x"]
-        print(f"{f'per token @ position {p}':28}" + "".join(f"{c:>13}" for c in row))
-    row = [f"{on_tps:.1f}", f"{q[1]:.1f}" if q else "n/a", f"{th_tps:.1f}", f"{t1_tps:.1f}", f"{on_tps / th_tps:.2f}x",
-           f"{on_tps / t1_tps:.2f}x"]
-    print(f"{f'tokens/s ({args.new} new, greedy)':28}" + "".join(f"{c:>13}" for c in row))
-    print("(per-token rows: time ratio onert/torch, < 1 = onert faster; tokens/s row: speed ratio, > 1 = onert faster)")
+        row = [f"{on_pos[p] * 1e3:.1f} ms", *(f"{measured[m][0][p] * 1e3:.1f} ms" for m in modes),
+               f"{th_pos[p] * 1e3:.1f} ms", f"{t1_pos[p] * 1e3:.1f} ms", f"{on_pos[p] / th_pos[p]:.2f}x",
+               f"{on_pos[p] / t1_pos[p]:.2f}x", *(f"{measured[m][0][p] / on_pos[p]:.2f}x" for m in modes)]
+        print(f"{f'per token @ position {p}':28}" + "".join(f"{c:>{w}}" for c in row))
+    row = [f"{on_tps:.1f}", *(f"{measured[m][1]:.1f}" for m in modes), f"{th_tps:.1f}", f"{t1_tps:.1f}",
+           f"{on_tps / th_tps:.2f}x", f"{on_tps / t1_tps:.2f}x", *(f"{on_tps / measured[m][1]:.2f}x" for m in modes)]
+    print(f"{f'tokens/s ({args.new} new, greedy)':28}" + "".join(f"{c:>{w}}" for c in row))
+    print("(per-token rows: time ratio onert/torch, < 1 = onert faster; tokens/s row: speed ratio, > 1 = onert faster;\n"
+          " MODE/f32: that mode's time as a fraction of float32's, in both rows)")
+    for m in modes:
+        print(f"onert prefill of {PROMPT} tokens, {m}: {measured[m][2] * 1e3:.1f} ms; same greedy tokens as f32: "
+              f"{measured[m][3] == on_tokens}")
     flat = max(on_pos.values()) / min(on_pos.values())
     print(f"\nonert per-token time, position 512 vs 16: {on_pos[512] / on_pos[16]:.2f}x (max/min {flat:.2f}x)")
     print(f"same greedy tokens onert vs torch: {on_tokens == th_tokens}")
