@@ -13,7 +13,8 @@ defaults are written for GPUs, not for a fixed graph:
 - attention ``"flash_attention_*"`` / ``"flex_attention"`` / hub kernels are GPU kernels
   or higher-order ops; ``"sdpa"`` (or ``"eager"`` where a model has no SDPA path) lowers.
 
-:func:`export_friendly` switches exactly those two config attributes for the duration of
+:func:`export_friendly` switches exactly those two config attributes (and, for a model
+exported whole with no cache argument, ``use_cache``: its Cache output is not a tensor) for the duration of
 ``torch.export`` and puts the original values back afterwards, whatever happens (weights
 are never touched: the implementations share the same parameters). Each switch is
 returned as a note that ``CircleModel.summary()`` prints. ``export(...,
@@ -43,9 +44,18 @@ def _is_experts_module(m: torch.nn.Module) -> bool:
             and hasattr(getattr(m, "config", None), _EXPERTS_ATTR))
 
 
-def _plan(model: torch.nn.Module) -> list[tuple[object, str, str, str]]:
+def _plan(model: torch.nn.Module, kwargs: dict | None = None) -> list[tuple[object, str, object, str]]:
     """``(config, attribute, new value, note)`` for every switch to make."""
-    plan: list[tuple[object, str, str, str]] = []
+    plan: list[tuple[object, str, object, str]] = []
+    config = getattr(model, "config", None)
+    if (hasattr(type(model), "_supports_sdpa") and getattr(config, "use_cache", False) is True
+            and not {"use_cache", "past_key_values"} & set(kwargs or {})):
+        # a PreTrainedModel exported as it is: with use_cache (the default of every causal LM
+        # config) its forward returns a transformers Cache object, which torch.export cannot
+        # flatten; the whole-sequence export has no use for it (export_llm builds the cache models)
+        plan.append((config, "use_cache", False, "transformers use_cache True -> False for the export "
+                     f"({type(model).__name__}: the file computes the whole sequence and returns no KV cache; "
+                     "circle_fx.export_llm builds cached prefill/decode models; the model is restored afterwards)"))
     experts: dict[int, list] = {}
     for m in model.modules():
         if _is_experts_module(m):
@@ -73,7 +83,7 @@ def _plan(model: torch.nn.Module) -> list[tuple[object, str, str, str]]:
 
 
 @contextmanager
-def export_friendly(model: torch.nn.Module, enabled: bool = True) -> Iterator[list[str]]:
+def export_friendly(model: torch.nn.Module, enabled: bool = True, kwargs: dict | None = None) -> Iterator[list[str]]:
     """Within the block, ``model`` uses export-friendly implementations; yields the notes.
 
     The attributes are written into the config's ``__dict__`` directly (not through the
@@ -84,7 +94,7 @@ def export_friendly(model: torch.nn.Module, enabled: bool = True) -> Iterator[li
     saved: list[tuple[object, str, object]] = []
     try:
         if enabled:
-            for config, attr, value, note in _plan(model):
+            for config, attr, value, note in _plan(model, kwargs):
                 saved.append((config, attr, config.__dict__.get(attr, _MISSING)))
                 config.__dict__[attr] = value
                 notes.append(note)

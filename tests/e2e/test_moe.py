@@ -156,3 +156,17 @@ def test_bitwise_not_of_a_mask_is_logical_not():
     cm = assert_onert_matches_eager(Fn(lambda x: (x * (~(x > 0)).float(), ~(x < 0.5))), (torch.randn(3, 5),),
                                     rtol=0, atol=0)
     assert cm.op_histogram()["LOGICAL_NOT"] == 2
+
+
+def test_causal_lm_with_use_cache_exports_as_it_is_and_is_restored():
+    """A causal LM as from_pretrained gives it (config.use_cache=True: its forward returns a
+    Cache object, which torch.export cannot flatten) exports with no kwargs: use_cache is off
+    for the capture only, the summary says so, and the model is restored."""
+    torch.manual_seed(SEED)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER)).eval()
+    assert model.config.use_cache is True
+    ids = torch.randint(0, VOCAB, (1, SEQ_LEN), generator=torch.Generator().manual_seed(SEED))
+    cm = circle_fx.export(model, (ids,))
+    assert model.config.use_cache is True and "use_cache True -> False" in cm.summary()
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(ids)[0], model(ids).logits.numpy(), rtol=RTOL, atol=ATOL)
