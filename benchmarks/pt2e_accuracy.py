@@ -30,6 +30,8 @@ VARIANTS = [
     ("percentile, skip down_proj", dict(activation_observer="percentile"), False),
     ("mse (histogram), skip down_proj", dict(activation_observer="mse"), False),
     ("per-channel weights, skip down_proj", dict(per_channel_weights=True), True),
+    ("per-channel weights, float linear outputs, skip down_proj",
+     dict(per_channel_weights=True, linear_outputs="float"), True),
     ("SmoothQuant alpha 0.5, skip down_proj", dict(smooth_quant=0.5), True),
     ("SmoothQuant alpha 0.5 norm+up folds only, skip down_proj",
      dict(smooth_quant=0.5, smooth_kinds=("rms_norm", "up_proj")), True),
