@@ -186,7 +186,7 @@ def _as_mask(visible: torch.Tensor, float_mask: bool, dtype) -> torch.Tensor:
 #: layer types whose layers attend (and take a 4-D mask); the model's other layer types
 #: (state layers: ``conv``, ``linear_attention``, ...) take transformers' 2-D padding mask,
 #: which is None here: prefill is never padded for models with such state (``State``)
-ATTENTION_KINDS = ("full_attention", "sliding_attention")
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
 #: ``hybrid``: attention and an SSM side by side in one layer (Falcon-H1), which reads
 #: ``mask["full_attention"]`` and ``mask["linear_attention"]``
 STATE_KINDS = ("conv", "linear_attention", "mamba", "hybrid")
@@ -194,7 +194,7 @@ STATE_KINDS = ("conv", "linear_attention", "mamba", "hybrid")
 STATELESS_KINDS = ("mlp", "moe")
 
 
-def _masks(config, visible_full, visible_sliding, float_mask, dtype):
+def _masks(config, visible_full, visible_sliding, float_mask, dtype, visible_chunked=None):
     kinds = layer_kinds(config)
     if kinds is not None and not set(kinds) & {*ATTENTION_KINDS, "hybrid"}:
         return None  # no layer attends (Mamba): no 4-D mask; no padding, so no 2-D one either
@@ -206,6 +206,8 @@ def _masks(config, visible_full, visible_sliding, float_mask, dtype):
     out["full_attention"] = _as_mask(visible_full, float_mask, dtype)
     if "sliding_attention" in kinds:
         out["sliding_attention"] = _as_mask(visible_sliding, float_mask, dtype)
+    if "chunked_attention" in kinds:
+        out["chunked_attention"] = _as_mask(visible_chunked, float_mask, dtype)
     return out
 
 
@@ -228,6 +230,11 @@ class DecodeStep(torch.nn.Module):
         self.register_buffer("lo", torch.cat([torch.arange(S), torch.tensor([-1])]).to(torch.int32), persistent=False)
         self.register_buffer("hi", torch.cat([torch.arange(S), torch.tensor([2 * S + 1])]).to(torch.int32),
                              persistent=False)
+        # chunked attention (Llama 4): position < end[j], the end of row j's chunk, keeps the rows of
+        # the position's own chunk (the earlier ones fail it; later ones fail lo); the new row passes
+        C = spec.attention_chunk or 1
+        self.register_buffer("chunk_end", torch.cat([(torch.arange(S) // C + 1) * C, torch.tensor([2 * S + 1])]).to(
+            torch.int32), persistent=False)
 
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
@@ -235,8 +242,10 @@ class DecodeStep(torch.nn.Module):
                            position if self.past_length_input else 0)
         full = self.lo < position
         sliding = full & (self.hi > position - spec.sliding_window) if spec.sliding_window else full
+        chunked = full & (self.chunk_end > position) if spec.attention_chunk else full
         shape = (1, 1, 1, spec.max_seq_len + 1)
-        mask = _masks(self.model.config, full.view(shape), sliding.view(shape), spec.float_mask, spec.torch_dtype)
+        mask = _masks(self.model.config, full.view(shape), sliding.view(shape), spec.float_mask, spec.torch_dtype,
+                      chunked.view(shape))
         out = _call(self.model, spec.cache_kw, input_ids=input_ids, position_ids=position.view(1, 1),
                     attention_mask=mask, cache=cache)
         return _outputs(out, cache, spec)
@@ -257,12 +266,16 @@ class Prefill(torch.nn.Module):
         k = torch.arange(P).view(1, P)
         causal = k <= q
         sliding = causal & (k > q - spec.sliding_window) if spec.sliding_window else causal
+        C = spec.attention_chunk or P
+        chunked = causal & (k // C == q // C)  # transformers' chunked_overlay, without padding
         self.register_buffer("causal", causal.view(1, 1, P, P), persistent=False)
         self.register_buffer("sliding", sliding.view(1, 1, P, P), persistent=False)
+        self.register_buffer("chunked", chunked.view(1, 1, P, P), persistent=False)
 
     def run_cache(self, input_ids, last_index):
         cache = GraphCache(self.spec.num_layers)
-        mask = _masks(self.model.config, self.causal, self.sliding, self.spec.float_mask, self.spec.torch_dtype)
+        mask = _masks(self.model.config, self.causal, self.sliding, self.spec.float_mask, self.spec.torch_dtype,
+                      self.chunked)
         out = _call(self.model, self.spec.cache_kw, input_ids=input_ids, position_ids=self.positions,
                     attention_mask=mask, cache=cache, logits_to_keep=last_index)
         return out, cache

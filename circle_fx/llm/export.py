@@ -59,6 +59,9 @@ class LLMSpec:
     float_mask: bool
     torch_dtype: torch.dtype
     cache_kw: str
+    #: ``attention_chunk_size`` of a model with ``chunked_attention`` layers (Llama 4): those
+    #: attend within their chunk of positions only (a mask per layer type, like sliding windows)
+    attention_chunk: int | None = None
     #: every layer's named state tensors (:class:`~circle_fx.llm.cache.State`: K/V with their
     #: geometry, conv windows, recurrent states), read by :func:`~circle_fx.llm.cache.probe_caches`
     caches: list = field(default_factory=list)
@@ -105,8 +108,10 @@ def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
     sliding = None
     if (kinds is not None and "sliding_attention" in kinds) or (kinds is None and getattr(cfg, "sliding_window", None)):
         sliding = int(cfg.sliding_window)
+    chunk = int(cfg.attention_chunk_size) if kinds is not None and "chunked_attention" in kinds else None
     return LLMSpec(num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, max_seq_len=max_seq_len, prefill_len=prefill_len,
-                   sliding_window=sliding, float_mask=impl == "eager", torch_dtype=dtype, cache_kw=cache_kw)
+                   sliding_window=sliding, float_mask=impl == "eager", torch_dtype=dtype, cache_kw=cache_kw,
+                   attention_chunk=chunk)
 
 
 def _rename_inputs(program, names: list[str]) -> None:
@@ -259,6 +264,7 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
                   "head_dim": kv_uniform[3] if kv_uniform else None,
                   "dtype": "float32"},
         "max_seq_len": spec.max_seq_len, "prefill_len": spec.prefill_len, "sliding_window": spec.sliding_window,
+        "attention_chunk": spec.attention_chunk,
         "eos_token_ids": eos, "bos_token_id": getattr(cfg, "bos_token_id", None),
         "pad_token_id": int(pad) if isinstance(pad, int) else None,
         "cache": {"layout": "BHSD", "shape": uniform, "shapes": shapes, "dtype": "float32", "initial": 0.0,

@@ -11,6 +11,7 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
       "max_seq_len": S,            # cache rows per layer: positions 0..S-1
       "prefill_len": P,            # prefill.circle takes exactly P ids (right-pad shorter prompts)
       "sliding_window": W | null,  # handled by the masks inside the models (no host work)
+      "attention_chunk": C | null, # chunked attention (Llama 4): also in the masks (no host work)
       "eos_token_ids": [...], "bos_token_id": b | null, "pad_token_id": p | null,
       "cache": {"layout": "BHSD", "dtype": "float32", "initial": 0.0,
                 "names": ["key_cache_0", "value_cache_0", "conv_cache_1", ...],  # every state, input order

@@ -7,7 +7,7 @@ have no complex tensors, but the computation is plain real arithmetic on pairs:
 
 Every complex value that depends on a model input becomes two float tensors:
 ``view_as_complex(x)`` -> ``x[..., 0]`` and ``x[..., 1]``; complex ``mul``/``add``/``sub`` ->
-their real formulas; shape ops (view, unsqueeze, slice...) apply to both parts;
+their real formulas; ``polar(abs, angle)`` -> ``abs*cos(angle)``, ``abs*sin(angle)``; shape ops (view, unsqueeze, slice...) apply to both parts;
 ``view_as_real(z)`` -> ``stack([re, im], -1)``. Complex values that depend on no input
 (the folded ``freqs_cis`` table) are split with ``aten.real`` / ``aten.imag``, which
 constant folding evaluates. If any complex op outside this set depends on an input,
@@ -29,7 +29,7 @@ _SHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default
               aten.contiguous.default, aten.flatten.using_ints}
 _ARITH = {aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor}
 _SUPPORTED = _SHAPE_OPS | _ARITH | {aten.view_as_complex.default, aten.view_as_real.default,
-                                    aten._to_copy.default}
+                                    aten._to_copy.default, aten.polar.default}
 
 
 def _is_complex(v) -> bool:
@@ -67,6 +67,9 @@ def complex_to_real(program) -> bool:
             t, a = n.target, n.args
             if t is aten.view_as_complex.default:
                 parts[n] = tuple(make_node(g, aten.select.int, (a[0], -1, k), like=n) for k in (0, 1))
+            elif t is aten.polar.default:  # abs * (cos + i sin) of a run-time angle (RoPE at a decode position)
+                parts[n] = tuple(make_node(g, aten.mul.Tensor, (a[0], make_node(g, f, (a[1],), like=n)), like=n)
+                                 for f in (aten.cos.default, aten.sin.default))
             elif t is aten.view_as_real.default:
                 re, im = split(a[0], n)
                 pair = [make_node(g, aten.unsqueeze.default, (p, -1), like=n) for p in (re, im)]

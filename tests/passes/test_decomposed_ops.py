@@ -43,6 +43,12 @@ def _complex_rope(x):
     return torch.view_as_real(xc * FREQS[None, :, None, :]).flatten(3)
 
 
+def _polar_rope(x, angle):
+    """Llama4's decode step: ``freqs_cis = polar(ones, angle)`` of a run-time angle (the position)."""
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * torch.polar(torch.ones_like(angle), angle)[None, :, None, :]).flatten(3)
+
+
 def _mla_like(x):
     """DeepSeek MLA: new_empty + slice copies (copy_ / slice_scatter) assemble q."""
     q = x.new_empty(x.shape[0], x.shape[1], 12)
@@ -91,6 +97,7 @@ IDX_T = _distinct_index((2, 3, 5, 4), 1, 2)      # used transposed: a non-contig
 CASES = {
     "stack_flatten_rope": (_interleaved_rope, [(2, 6, 4, 8)]),
     "view_as_complex_rope": (_complex_rope, [(1, 6, 2, 8)]),
+    "polar_of_an_input_rope": (_polar_rope, [(1, 6, 2, 8), (6, 4)]),
     "conv1d_depthwise_causal": (lambda x: F.conv1d(x, DW, padding=2, groups=8)[..., :6], [(1, 8, 6)]),
     "conv1d_dense_bias": (lambda x: F.conv1d(x, W, bias=torch.ones(4), padding=1), [(2, 4, 7)]),
     "conv1d_grouped_per_head": (lambda x: F.conv1d(x, GW, groups=6), [(1, 12, 7)]),           # ZAYA's q/k conv
