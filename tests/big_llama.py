@@ -3,7 +3,8 @@
     python tests/big_llama.py OUT_DIR [QUANTIZE [CONFIG_JSON]]   # prints one JSON line of measurements
 
 Defaults: the >= 600M-parameter ``CONFIG`` below with ``int8-weights``; CONFIG_JSON updates it
-(``benchmarks/big_models.py`` runs 1.5B- and 3B-sized configs through it).
+(``benchmarks/big_models.py`` runs 1.5B- and 3B-sized configs through it). With
+``BIG_LLAMA_WEIGHTS_FILE=PATH`` the weights live in a shared mapping of that file (see ``_file_backed``).
 
 Used by ``tests/quant/test_quant_big.py`` (slow) in a subprocess, so its peak RSS is this run's
 alone. The model is built on the meta device and materialised with ``to_empty`` + in-place
@@ -39,6 +40,22 @@ def current_rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
+def _file_backed(model, path: str) -> None:
+    """Give every parameter of a meta-device ``model`` storage in one shared mapping of the file
+    ``path`` (as a checkpoint loaded with mmap would be): still one float copy, but page cache the
+    kernel can write back and drop under memory pressure instead of killing the process (the
+    2-core box is shared; a 1.5B model's 6.4 GB of anonymous memory was OOM-killed there)."""
+    params = list(model.named_parameters())
+    total = sum(p.numel() for _, p in params)
+    flat = torch.from_file(path, shared=True, size=total, dtype=torch.float32)
+    off = 0
+    for name, p in params:
+        module = model.get_submodule(name.rpartition(".")[0])
+        view = flat[off:off + p.numel()].view(p.shape)
+        module._parameters[name.rpartition(".")[2]] = torch.nn.Parameter(view, requires_grad=False)
+        off += p.numel()
+
+
 def build(seed: int = 0, config: dict | None = None):
     """``(model, ids)``: random weights (std 0.02, norms 1) written in place, layer by layer."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -47,7 +64,12 @@ def build(seed: int = 0, config: dict | None = None):
     cfg = LlamaConfig(**{**CONFIG, **(config or {})})
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    model = model.to_empty(device="cpu").eval()
+    backing = os.environ.get("BIG_LLAMA_WEIGHTS_FILE")
+    if backing:
+        _file_backed(model, backing)
+    else:
+        model = model.to_empty(device="cpu")
+    model = model.eval()
     model.model.rotary_emb = LlamaRotaryEmbedding(cfg)  # its buffers are computed, not loaded
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
