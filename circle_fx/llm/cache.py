@@ -9,8 +9,10 @@ answers that call functionally, without mutating anything (onert has no
 DYNAMIC_UPDATE_SLICE and no variables):
 
 - decode: ``update`` returns ``cat([cache_in, new_row], dim=2)`` — the caller's whole
-  cache (a model input, never copied back out) plus the new row; the mask hides the
-  cache slots at positions ``>= position``. The new row is recorded and becomes a model
+  cache (a model input, never copied back out) plus the new row; the mask hides the cache
+  slots at positions ``>= position``. A model whose attention depends on the key's slot
+  (MPT's ALiBi; found by :func:`slot_dependent`) gets ``where(row == position, new_row,
+  cache_in)`` instead: key slot j is position j. The new row is recorded and becomes a model
   output, which the host writes into its cache in place (so caches stay bound to onert
   once, see ``runner.py``).
 - prefill: ``update`` returns the keys/values of the prompt itself and records them.
@@ -37,7 +39,8 @@ class GraphCache(Cache):
     ``(kind, layer, index)`` to its model input, or is None (prefill: no past). ``new``
     records each state's next value, as the model hands it over:
 
-    - ``update(k, v, layer)`` (attention): the new K/V rows; returns past + new rows;
+    - ``update(k, v, layer)`` (attention): the new K/V rows; returns past + new rows (or past
+      with them written at ``position``);
     - ``update_conv_state(x, layer, state_idx)`` (short convolutions: LFM2, Mamba's conv1d):
       the last ``conv_kernel_size`` columns of past + ``x``; returns past + ``x`` as
       transformers' ``LinearAttentionLayer`` does;
@@ -48,9 +51,10 @@ class GraphCache(Cache):
     a new value); that clone is the next state unless an ``update_*`` call replaces it. A layer
     that reuses another's K/V (Gemma 3n / 4) never calls ``update`` and has no state."""
 
-    def __init__(self, num_layers: int, past: dict | None = None, past_length=0):
+    def __init__(self, num_layers: int, past: dict | None = None, past_length=0, write_at=None):
         super().__init__(layers=[DynamicLayer() for _ in range(num_layers)])
         self.past = past
+        self.write_at = write_at  # decode, in place: [1, 1, S, 1] bool, True at the row of ``position``
         self.past_length = past_length  # what get_seq_length answers (see there)
         self.new: dict[tuple, torch.Tensor] = {}
 
@@ -59,7 +63,9 @@ class GraphCache(Cache):
         if self.past is None:
             return key_states, value_states
         past_k, past_v = self.past[("key", layer_idx, 0)], self.past[("value", layer_idx, 0)]
-        return torch.cat([past_k, key_states], dim=2), torch.cat([past_v, value_states], dim=2)
+        if self.write_at is None:
+            return torch.cat([past_k, key_states], dim=2), torch.cat([past_v, value_states], dim=2)
+        return torch.where(self.write_at, key_states, past_k), torch.where(self.write_at, value_states, past_v)
 
     def _get(self, kind, layer_idx, state_idx):
         if self.past is None:
@@ -169,6 +175,25 @@ def probe_caches(model, spec) -> list[State]:
     return out
 
 
+def slot_dependent(model, spec) -> bool:
+    """Does the decode step's output depend on the key slot the new K/V row sits in? Run in
+    eager once with the new row appended after the cache and once written at its position,
+    on the same random cache: a model that reads only positions and the mask gives the same
+    logits (up to rounding); one whose attention uses the key's slot does not (MPT slices its
+    ALiBi bias by key length, so the appended row would sit S - position slots away)."""
+    gen = torch.Generator().manual_seed(0)
+    caches = [torch.randn(c.shape, generator=gen, dtype=spec.torch_dtype) if c.carry == AT_POSITION
+              else torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
+    if not any(c.carry == AT_POSITION for c in spec.caches) or spec.max_seq_len < 2:
+        return False
+    ids = torch.full((1, 1), min(3, spec.vocab_size - 1), dtype=torch.int32)
+    pos = torch.tensor([spec.max_seq_len // 2], dtype=torch.int32)
+    with torch.no_grad():
+        a, b = (DecodeStep(model, spec, past_length_input=False, in_place=p)(ids, pos, caches)["logits"]
+                for p in (False, True))
+    return not torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+
+
 def layer_kinds(config) -> list[str] | None:
     """``config.layer_types`` if the model builds one mask per layer type (a dict)."""
     kinds = getattr(config, "layer_types", None)
@@ -219,31 +244,39 @@ class DecodeStep(torch.nn.Module):
     """One token: ``(input_ids [1,1], position [1], key_cache_0, value_cache_0, conv_cache_1, ...)``
     -> ``{"logits": [1,1,V], "key_0": [1,Hkv,1,D], "value_0": ..., "conv_1": next state, ...}``."""
 
-    def __init__(self, model, spec, past_length_input: bool = True):
+    def __init__(self, model, spec, past_length_input: bool = True, in_place: bool | None = None):
         super().__init__()
         self.model, self.spec = model, spec
         self.past_length_input = past_length_input  # GraphCache.get_seq_length answers ``position``
+        self.in_place = spec.kv_in_place if in_place is None else in_place
         S = spec.max_seq_len
-        # key slot j of the attention: cache rows 0..S-1, then the new row (index S).
-        # lo[j] < position hides unwritten / future cache rows, and the new row (-1) always passes;
-        # hi[j] > position - window is the sliding-window bound (the new row, S+window, always passes).
-        self.register_buffer("lo", torch.cat([torch.arange(S), torch.tensor([-1])]).to(torch.int32), persistent=False)
-        self.register_buffer("hi", torch.cat([torch.arange(S), torch.tensor([2 * S + 1])]).to(torch.int32),
-                             persistent=False)
-        # chunked attention (Llama 4): position < end[j], the end of row j's chunk, keeps the rows of
-        # the position's own chunk (the earlier ones fail it; later ones fail lo); the new row passes
         C = spec.attention_chunk or 1
-        self.register_buffer("chunk_end", torch.cat([(torch.arange(S) // C + 1) * C, torch.tensor([2 * S + 1])]).to(
-            torch.int32), persistent=False)
+        # Key slot j is position j for the cache rows 0..S-1. The new row is appended as slot S
+        # (a CONCATENATION, the default), or, when the model's attention depends on the key's
+        # slot (MPT's ALiBi bias, sliced by key length: ``slot_dependent``), written at
+        # ``position`` (a SELECT over the whole cache: on a cache-heavy toy Llama, measured under load,
+        # 0-10 % slower than the CONCATENATION a step, so only when needed).
+        # lo[j] < position hides unwritten / future rows; hi[j] > position - window is the
+        # sliding-window bound; position < chunk_end[j] (the end of row j's chunk) keeps the rows
+        # of the position's own chunk (chunked attention, Llama 4). An appended new row passes all.
+        rows, ends = torch.arange(S), (torch.arange(S) // C + 1) * C
+        lo, hi = (rows - 1, rows) if self.in_place else (
+            torch.cat([rows, torch.tensor([-1])]), torch.cat([rows, torch.tensor([2 * S + 1])]))
+        ends = ends if self.in_place else torch.cat([ends, torch.tensor([2 * S + 1])])
+        self.register_buffer("rows", rows.to(torch.int32), persistent=False)
+        self.register_buffer("lo", lo.to(torch.int32), persistent=False)
+        self.register_buffer("hi", hi.to(torch.int32), persistent=False)
+        self.register_buffer("chunk_end", ends.to(torch.int32), persistent=False)
 
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
+        write_at = (self.rows == position).view(1, 1, -1, 1) if self.in_place else None
         cache = GraphCache(L, {c.key: t for c, t in zip(spec.caches, caches)},
-                           position if self.past_length_input else 0)
+                           position if self.past_length_input else 0, write_at=write_at)
         full = self.lo < position
         sliding = full & (self.hi > position - spec.sliding_window) if spec.sliding_window else full
         chunked = full & (self.chunk_end > position) if spec.attention_chunk else full
-        shape = (1, 1, 1, spec.max_seq_len + 1)
+        shape = (1, 1, 1, full.shape[0])
         mask = _masks(self.model.config, full.view(shape), sliding.view(shape), spec.float_mask, spec.torch_dtype,
                       chunked.view(shape))
         out = _call(self.model, spec.cache_kw, input_ids=input_ids, position_ids=position.view(1, 1),

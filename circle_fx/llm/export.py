@@ -40,9 +40,10 @@ from .package import LLMPackage
 from .text import default_tokenizer, text_assets
 
 try:
-    from .cache import ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, layer_kinds, probe_caches
+    from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, layer_kinds, probe_caches,
+                        slot_dependent)
 except ImportError as _e:  # transformers is an optional extra of circle_fx
-    DecodeStep = Prefill = layer_kinds = probe_caches = None
+    DecodeStep = Prefill = layer_kinds = probe_caches = slot_dependent = None
     ATTENTION_KINDS = STATE_KINDS = STATELESS_KINDS = ()
     _MISSING = _e
 
@@ -62,6 +63,9 @@ class LLMSpec:
     #: ``attention_chunk_size`` of a model with ``chunked_attention`` layers (Llama 4): those
     #: attend within their chunk of positions only (a mask per layer type, like sliding windows)
     attention_chunk: int | None = None
+    #: the decode step writes the new K/V row into the cache at its position instead of appending
+    #: it (:func:`~circle_fx.llm.cache.slot_dependent`: the model's attention reads the key's slot)
+    kv_in_place: bool = False
     #: every layer's named state tensors (:class:`~circle_fx.llm.cache.State`: K/V with their
     #: geometry, conv windows, recurrent states), read by :func:`~circle_fx.llm.cache.probe_caches`
     caches: list = field(default_factory=list)
@@ -189,6 +193,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     try:
         with model_errors(model):
             spec.caches = probe_caches(model, spec)
+            spec.kv_in_place = bool(spec.caches) and slot_dependent(model, spec)
         if not spec.caches:
             raise InputError(f"{type(model).__name__}: no layer calls Cache.update, so there is no KV cache to "
                              "export (export_llm drives attention caches only)")

@@ -45,3 +45,31 @@ def test_positions_from_cache_length_generate_exactly(family, cls, tmp_path):
             assert got == want, f"{family} prompt {ids} prefill={use_prefill}: {got[len(ids):]} vs {want[len(ids):]}"
             diff = max(float(np.abs(g - s).max()) for g, s in zip(logits, scores))
             assert diff < 1e-3, f"{family} prompt {ids} prefill={use_prefill}: logits differ by {diff}"
+
+
+@pytest.mark.slow
+def test_mpt_alibi_by_key_slot_generates_exactly(tmp_path):
+    """MPT slices its ALiBi bias by key length: with the new K/V row appended after the cache it
+    sat S - position slots from its true place; ``slot_dependent`` finds that, and the decode
+    step writes the row at its position instead (Llama keeps the append)."""
+    from circle_fx.llm.cache import probe_caches, slot_dependent
+    from circle_fx.llm.export import model_spec
+
+    llama = hf.build("llama", "LlamaForCausalLM", decoder=True)
+    spec = model_spec(llama, S, P)
+    spec.caches = probe_caches(llama, spec)
+    assert not slot_dependent(llama, spec)
+    model = hf.build("mpt", "MptForCausalLM", decoder=True)
+    model.config.use_cache = model.generation_config.use_cache = True
+    pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None)
+    pkg.save(tmp_path)
+    runner = pkg.runner()
+    for ids in PROMPTS:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        want, scores = out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
+        for use_prefill in (True, False):
+            got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
+            assert got == want, f"mpt prompt {ids} prefill={use_prefill}: {got[len(ids):]} vs {want[len(ids):]}"
+            assert max(float(np.abs(g - s).max()) for g, s in zip(logits, scores)) < 1e-3
