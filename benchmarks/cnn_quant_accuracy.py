@@ -1,7 +1,7 @@
 """Quantized CNNs in onert: accuracy of each quantization route on a fixed input set.
 
 Tiny transformers ``ResNetForImageClassification`` / ``MobileNetV2ForImageClassification``
-(random weights, BatchNorm statistics perturbed so folding matters), ``--images`` seeded
+(random He-initialised convolutions, BatchNorm statistics perturbed so folding matters), ``--images`` seeded
 random 64x64 images. For each route, the Circle file runs in onert on every image and is
 compared with torch eager float32:
 
@@ -51,6 +51,8 @@ def build(name: str) -> torch.nn.Module:
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):  # He init: transformers' random MobileNetV2 gives constant logits
+                torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu", generator=g)
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.normal_(0, 0.1, generator=g)
                 m.running_var.uniform_(0.5, 1.5, generator=g)

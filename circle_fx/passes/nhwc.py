@@ -29,6 +29,8 @@ from ..ops_nhwc import conv2d_nhwc
 from .base import NodePass
 from .fold_views import PERMUTE_OPS, permutation
 
+import torch.ao.quantization.fx._decomposed  # noqa: E402,F401  (defines torch.ops.quantized_decomposed.*)
+
 aten = torch.ops.aten
 
 #: ops computed element by element (any extra arguments are scalars): a permute commutes with them
@@ -40,6 +42,9 @@ ELEMENTWISE = {
     aten.hardswish.default, aten.hardsigmoid.default, aten.leaky_relu.default, aten.elu.default, aten.neg.default,
     aten.exp.default, aten.abs.default, aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default,
     aten.erf.default, aten.where.self, aten._to_copy.default, aten.to.dtype, aten.mish.default,
+    # per-tensor quantize / dequantize (PT2E): one scale and zero point for every element
+    torch.ops.quantized_decomposed.quantize_per_tensor.default,
+    torch.ops.quantized_decomposed.dequantize_per_tensor.default,
 }
 
 
@@ -191,6 +196,7 @@ class NHWCPadsIntoConvs(NodePass):
             if perm is not None:
                 src = make_node(g, aten.permute.default, (src, perm), like=x)
             new = make_node(g, conv2d_nhwc, (src, w, b, stride, padding, dilation, groups, *rest), like=n)
+        new.meta["val"] = n.meta["val"]  # the same result: re-inferring can turn static dims symbolic
         n.replace_all_uses_with(new)
         g.erase_node(n)
         if perm is not None:

@@ -12,6 +12,12 @@ quantized type; its FULLY_CONNECTED is uint8 x uint8 only):
 
 - ``linear``: input, weight and output (the bias stays float; the exporter makes it int32);
 - ``embedding``: the table, with the output sharing its parameters (an integer GATHER);
+- ``conv2d``: input, weight (uint8 per tensor: onert 0.1.0's uint8 CONV_2D / DEPTHWISE_CONV_2D
+  are exact, an int8 weight under uint8 activations silently wrong, measured in
+  ``benchmarks/onert_conv_int8.py``) and output, the output after a ReLU / ReLU6 that reads only
+  it (the activation Circle fuses into the convolution; ``prepare_pt2e`` folds BatchNorms
+  into the convolutions first), the bias float (the exporter makes it int32); a zero padding in front (TF-style) is
+  quantized at its input instead, so it folds into the convolution;
 - only with ``quantize_elementwise=True``: ``add`` / ``mul`` of two tensors (both inputs and
   the output) and every **RMSNorm as one unit**: its input, its weight and its output, never
   its interior (``pow``, ``mean``, ``rsqrt`` and the muls inside stay float), so that after
@@ -236,6 +242,18 @@ class CircleQuantizer(Quantizer):
                     continue
                 self._annotate(n, {x: self.activation, w: self.weight},
                                self.activation if self.linear_outputs == "quantized" else None)
+            elif n.target is aten.conv2d.default:
+                x, w = n.args[0], n.args[1]
+                if x in constant or not _is_float(x) or not _is_float(w) or w not in constant or self._skipped(n):
+                    continue
+                act = _fusable_activation(n)
+                pad = _zero_pad(x)
+                if pad is not None:  # quantized before the pad, which then folds into the convolution
+                    self._annotate(pad, {pad.args[0]: self.activation}, None)
+                inputs = {w: self.weight} if pad is not None else {x: self.activation, w: self.weight}
+                self._annotate(n, inputs, None if act is not None else self.activation)
+                if act is not None:
+                    self._annotate(act, {}, self.activation)
             elif n.target is aten.embedding.default:
                 w = n.args[0]
                 if _is_float(w):  # the rows come out with the table's parameters: GATHER stays integer
@@ -383,6 +401,36 @@ def _between(x: fx.Node, root: fx.Node) -> tuple[fx.Node, ...] | None:
                                                     for u in n.users):
             return None
     return tuple(n for n in root.graph.nodes if n in inside)
+
+
+def _zero_pad(x) -> fx.Node | None:
+    """``x`` when it is a zero padding (TF-style ``padding="same"``: MobileNetV2) read only by
+    the convolution: the exporter folds it into the convolution's own padding, so the
+    quantization goes on the pad's input (one uint8 CONV_2D, no float PAD island)."""
+    if not (isinstance(x, fx.Node) and x.op == "call_function" and len(x.users) == 1 and _is_float(x.args[0])):
+        return None
+    if x.target is aten.constant_pad_nd.default:
+        value = x.args[2] if len(x.args) > 2 else x.kwargs.get("value", 0)
+    elif x.target is aten.pad.default and (x.args[2] if len(x.args) > 2 else x.kwargs.get("mode", "constant")) == "constant":
+        value = x.args[3] if len(x.args) > 3 else x.kwargs.get("value", None)
+    else:
+        return None
+    return x if value in (0, 0.0, None) and _ANNOTATION not in x.meta else None
+
+
+def _fusable_activation(conv: fx.Node) -> fx.Node | None:
+    """The ReLU / ReLU6 (``hardtanh(0, 6)``, ``clamp(0, 6)``) that alone reads ``conv``: Circle
+    applies it inside the convolution, so the output is quantized after it."""
+    users = list(conv.users)
+    if len(users) != 1 or users[0].op != "call_function":
+        return None
+    u = users[0]
+    if u.target in (aten.relu.default, aten.relu_.default, aten.relu6.default):
+        return u
+    if u.target in (aten.hardtanh.default, aten.hardtanh_.default, aten.clamp.default) and \
+            list(u.args[1:3]) == [0, 6]:
+        return u
+    return None
 
 
 def _constant_nodes(graph: fx.Graph) -> set:

@@ -34,7 +34,8 @@ import torch.fx as fx
 
 from ..circle.schema import QuantParams
 from ..errors import InputError
-from ..fx_utils import CAST_OPS, fake_constant, make_node
+from ..fx_utils import CAST_OPS, arguments, fake_constant, fake_mode_of, make_node
+from ..ops_nhwc import conv2d_nhwc
 from ..source import source_line
 from ..meta import DEQUANTIZED_FROM, QUANT_META
 from ..fusions.rms_norm import reduces_a_square, rms_norm
@@ -193,7 +194,7 @@ class QDQLower(_TargetPass):
 
     def kinds(self) -> dict:
         fused = {aten.linear.default: qops.q_linear, aten.add.Tensor: qops.q_add, aten.mul.Tensor: qops.q_mul,
-                 aten.embedding.default: qops.q_embedding}
+                 aten.embedding.default: qops.q_embedding, conv2d_nhwc: qops.q_conv2d}
         if self.target == "npu":
             fused[rms_norm] = qops.q_rms_norm
         return fused
@@ -242,6 +243,13 @@ class QDQLower(_TargetPass):
                 operands[1] = self._per_channel(program, w, out_dt)
                 qop = qops.q_linear_pc if operands[1] is not None else qop
             extra = [b]
+        elif op.target is conv2d_nhwc:
+            x, w, b, *rest = arguments(op)
+            if b is not None and not (isinstance(b, fx.Node) and b.op == "get_attr"):
+                return None
+            operands = [self._operand(program, x, out_dt, constant_ok=False),
+                        self._operand(program, w, out_dt, activation_ok=False)]
+            extra = [b, *rest]
         elif op.target is aten.embedding.default:
             w, ids = args[:2]
             table = self._operand(program, w, out_dt, activation_ok=False)

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .. import ops_nhwc  # noqa: F401  (circle.conv2d_nhwc, which q_conv2d computes with)
 from ..fusions.rms_norm import rms_norm_eager
 
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
@@ -29,6 +30,11 @@ _lib.define("q_mul(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, i
             "float out_scale, int out_zp) -> Tensor")
 _lib.define("q_embedding(Tensor w, float w_scale, int w_zp, Tensor ids, float out_scale, int out_zp) -> Tensor")
 _lib.define("q_rms_norm(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, float eps, "
+            "float out_scale, int out_zp) -> Tensor")
+
+
+_lib.define("q_conv2d(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
+            "int[] stride, int[] padding, int[] dilation, int groups, str activation, "
             "float out_scale, int out_zp) -> Tensor")
 
 
@@ -58,6 +64,21 @@ def _q_linear_pc(x, x_scale, x_zp, w, w_scales, w_zps, bias, out_scale, out_zp):
 
 def _linear_pc_fake(x, x_scale, x_zp, w, w_scales, w_zps, bias: Optional[torch.Tensor], out_scale, out_zp):
     return x.new_empty([*x.shape[:-1], w.shape[0]])
+
+
+def _q_conv2d(x, x_scale, x_zp, w, w_scale, w_zp, bias, stride, padding, dilation, groups: int, activation: str,
+              out_scale, out_zp):
+    """``circle.conv2d_nhwc`` (NHWC, explicit pads, fused activation) on dequantized operands."""
+    y = torch.ops.circle.conv2d_nhwc.default(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), bias,
+                                             stride, padding, dilation, groups, activation)
+    return quantize(y, out_scale, out_zp, x.dtype)
+
+
+def _conv2d_fake(x, x_scale, x_zp, w, w_scale, w_zp, bias, stride, padding, dilation, groups, activation,
+                 out_scale, out_zp):
+    y = torch.ops.circle.conv2d_nhwc.default(torch.empty_like(x, dtype=torch.float32), torch.empty_like(w, dtype=torch.float32),
+                                             None, stride, padding, dilation, groups, activation)
+    return torch.empty_like(y, dtype=x.dtype)
 
 
 def _q_binary(fn):
@@ -95,7 +116,8 @@ for _name, _eager, _fake in (("q_linear", _q_linear, _linear_fake), ("q_linear_p
                              ("q_add", _q_binary(torch.add), _binary_fake),
                              ("q_mul", _q_binary(torch.mul), _binary_fake),
                              ("q_rms_norm", _q_rms_norm, _rms_fake),
-                             ("q_embedding", _q_embedding, _embedding_fake)):
+                             ("q_embedding", _q_embedding, _embedding_fake),
+                             ("q_conv2d", _q_conv2d, _conv2d_fake)):
     _lib.impl(_name, _eager, "CompositeExplicitAutograd")
     torch.library.register_fake(f"circle::{_name}", _fake, lib=_lib)
 
@@ -105,3 +127,4 @@ q_add = torch.ops.circle.q_add.default
 q_mul = torch.ops.circle.q_mul.default
 q_rms_norm = torch.ops.circle.q_rms_norm.default
 q_embedding = torch.ops.circle.q_embedding.default
+q_conv2d = torch.ops.circle.q_conv2d.default

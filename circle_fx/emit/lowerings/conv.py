@@ -66,12 +66,15 @@ def _padded(ctx, x, dtype, pads, value=None) -> int:
     dims = ctx.dims(x)
     table = np.array([[0, 0], *pads, [0, 0]], dtype=np.int32)
     out_dims = [d if d == -1 else d + sum(p) for d, p in zip(dims, table.tolist())]
-    out = ctx.new_tensor(out_dims, dtype, "padded", [h + sum(p) for h, p in zip(ctx.shape_hint(x), table.tolist())])
+    quant = ctx.quantization(x)
+    out = ctx.new_tensor(out_dims, dtype, "padded", [h + sum(p) for h, p in zip(ctx.shape_hint(x), table.tolist())],
+                         quant)
     inputs = [ctx.tensor(x), ctx.const(table, "paddings")]
     if value is None:
         ctx.op(BO.PAD, inputs, [out])
-    else:
-        inputs.append(ctx.const(np.array(value, dtype=np.float32), "pad_value"))
+    else:  # a float value (-inf), or an integer tensor's zero point (with its quantization)
+        arr = value if isinstance(value, np.ndarray) else np.array(value, dtype=np.float32)
+        inputs.append(ctx.const(arr, "pad_value", quantization=quant if arr.dtype != np.float32 else None))
         ctx.op(BO.PADV2, inputs, [out])
     return out
 
@@ -96,28 +99,34 @@ def conv2d(ctx, node):
     convolution(ctx, node, x, weight.detach(), bias, stride, pads, dilation, groups, activation, w.target)
 
 
-def convolution(ctx, node, x, weight, bias, stride, pads, dilation, groups, activation, name, scale=None):
+def convolution(ctx, node, x, weight, bias, stride, pads, dilation, groups, activation, name, scale=None,
+                quant=None, bias_quant=None):
     """The Circle operators of one NHWC convolution of ``x`` with the constant ``weight`` (torch's
     ``[out, in/groups, kH, kW]``) and ``bias`` (None: zeros). ``scale`` (``[out]``): ``weight`` is
     int8 with one scale per output channel, written as the filter's per-channel quantization
     (axis 0 of CONV_2D's OHWI filter, 3 of DEPTHWISE_CONV_2D's ``[1, kH, kW, out]``): onert's
-    hybrid kernels (float input and output) — the weight-only int8 lowering shares this one."""
+    hybrid kernels (float input and output) — the weight-only int8 lowering shares this one.
+    ``quant`` / ``bias_quant``: per-tensor parameters of an integer ``weight`` and ``bias`` (the
+    fully quantized convolution); ``x`` then carries its own, and a padded copy of it too
+    (padded with its zero point: the real value 0)."""
     sizes, outs = _spatial(ctx, node, x)
-    padding, xt = _input(ctx, node, x, _plan(sizes, outs, weight.shape[2:], stride, dilation, pads))
+    value = None if quant is None else np.array(ctx.quantization(x).zero_point[0], np.uint8)
+    padding, xt = _input(ctx, node, x, _plan(sizes, outs, weight.shape[2:], stride, dilation, pads), value)
     c_in, c_out = ctx.dims(x)[3], weight.shape[0]
     if bias is None:
-        bias = torch.zeros(c_out, dtype=torch.float32)
+        bias = torch.zeros(c_out, dtype=torch.float32 if quant is None else torch.int32)
     common = dict(padding=padding, strideH=stride[0], strideW=stride[1], dilationHFactor=dilation[0],
                   dilationWFactor=dilation[1], fusedActivationFunction=_ACTIVATION[activation])
+    filt_q = lambda part, axis: quant if quant is not None else _per_channel(part, axis)  # noqa: E731
     if groups == 1:
-        _conv(ctx, xt, weight, bias, ctx.output(node), common, scale)
+        _conv(ctx, xt, weight, bias, ctx.output(node), common, filt_q(scale, 0), bias_quant)
     elif groups == c_in and c_out % c_in == 0:
         filt = weight.reshape(c_out, *weight.shape[2:]).permute(1, 2, 0).unsqueeze(0).contiguous()
-        ctx.op(BO.DEPTHWISE_CONV_2D, [xt, ctx.const_tensor(filt, f"{name}_dw", _per_channel(scale, 3)),
-                                      ctx.const(bias.numpy(), "bias")],
+        ctx.op(BO.DEPTHWISE_CONV_2D, [xt, ctx.const_tensor(filt, f"{name}_dw", filt_q(scale, 3)),
+                                      ctx.const(bias.numpy(), "bias", quantization=bias_quant)],
                [ctx.output(node)], options("DepthwiseConv2DOptions", depthMultiplier=c_out // c_in, **common))
     else:
-        _grouped(ctx, node, xt, weight, bias, groups, common, scale)
+        _grouped(ctx, node, xt, weight, bias, groups, common, scale, quant, bias_quant)
 
 
 def _per_channel(scale, axis):
@@ -127,26 +136,29 @@ def _per_channel(scale, axis):
     return QuantParams(scale.numpy(), np.zeros(scale.numel(), np.int64), axis)
 
 
-def _conv(ctx, xt, weight, bias, out, common, scale=None):
+def _conv(ctx, xt, weight, bias, out, common, filter_quant=None, bias_quant=None):
     filt = weight.permute(0, 2, 3, 1).contiguous()  # OHWI
-    ctx.op(BO.CONV_2D, [xt, ctx.const_tensor(filt, "filter", _per_channel(scale, 0)), ctx.const(bias.numpy(), "bias")],
+    ctx.op(BO.CONV_2D, [xt, ctx.const_tensor(filt, "filter", filter_quant),
+                        ctx.const(bias.numpy(), "bias", quantization=bias_quant)],
            [out], options("Conv2DOptions", **common))
 
 
-def _grouped(ctx, node, xt, weight, bias, groups, common, scale=None):
+def _grouped(ctx, node, xt, weight, bias, groups, common, scale=None, quant=None, bias_quant=None):
     """A SPLIT of the (padded) input along channels, one CONV_2D per group, CONCATENATION."""
     in_dims = ctx.tensor_dims(xt)
     out_dims, hint = ctx.dims(node), ctx.shape_hint(node)
+    xq, oq = ctx.quantization(node.args[0]), ctx.quantization(node)
     piece_in = in_dims[:3] + [in_dims[3] // groups]
-    pieces = [ctx.new_tensor(piece_in, ctx.dtype(node), f"group{g}_in", ctx.tensor_hint(xt)[:3] + [piece_in[3]])
+    pieces = [ctx.new_tensor(piece_in, ctx.dtype(node), f"group{g}_in", ctx.tensor_hint(xt)[:3] + [piece_in[3]], xq)
               for g in range(groups)]
     ctx.op(BO.SPLIT, [ctx.int_const(3, "axis"), xt], pieces, options("SplitOptions", numSplits=groups))
     co = weight.shape[0] // groups
     results = []
     for g in range(groups):
-        y = ctx.new_tensor(out_dims[:3] + [co], ctx.dtype(node), f"group{g}", hint[:3] + [co])
+        y = ctx.new_tensor(out_dims[:3] + [co], ctx.dtype(node), f"group{g}", hint[:3] + [co], oq)
         part = slice(g * co, (g + 1) * co)
-        _conv(ctx, pieces[g], weight[part], bias[part], y, common, None if scale is None else scale[part])
+        fq = quant if quant is not None else _per_channel(None if scale is None else scale[part], 0)
+        _conv(ctx, pieces[g], weight[part], bias[part], y, common, fq, bias_quant)
         results.append(y)
     ctx.op(BO.CONCATENATION, results, [ctx.output(node)], options("ConcatenationOptions", axis=3))
 
