@@ -87,7 +87,9 @@ def fields(cls_name: str) -> dict[str, Field]:
         else:
             flags = _FLAGS.search(body)
             if flags and flags.group(1) in _SIZES:
-                default = _DEFAULT.search(body)
+                # the accessor ends at its first blank line (the last one's match runs on to the
+                # end of the module: its builder functions, whose last return is not the default)
+                default = _DEFAULT.search(body.split("\n\n", 1)[0])
                 value = default.group(1) if default else "0"
                 value = {"True": True, "False": False}.get(value, value)
                 if isinstance(value, str):

@@ -334,7 +334,8 @@ class QuantizeWeights(Pass):
             if why:
                 record.fallbacks.append((name, f"{lin} -> int8: {why}"))
                 lin = "int8"
-        if lin == "int8" and not embeddings and self._many_rows(linears) and cols % ggml.BLOCK == 0:
+        chosen = hit is not None or record.sensitive[-1:] == [name]  # an explicit int8 stays int8
+        if lin == "int8" and not chosen and not embeddings and self._many_rows(linears) and cols % ggml.BLOCK == 0:
             record.by_rows.append(name)
             lin = "q8_0"
         if emb == "q4_0" and cols % ggml.BLOCK:

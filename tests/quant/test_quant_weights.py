@@ -434,3 +434,14 @@ def test_int8_rows_option_keeps_int8_rows_and_needs_quantize():
     assert from_options("int8-weights") == "int8-weights"
     with pytest.raises(InputError, match="--int8-rows refine a --quantize preset"):
         from_options(None, int8_rows=True)
+
+
+def test_an_explicit_int8_override_keeps_int8_rows_at_many_rows():
+    """``overrides`` win over every other rule, the row-count one too: a weight the user pinned
+    to int8 stays int8 rows where its neighbour becomes q8_0 blocks."""
+    torch.manual_seed(0)
+    model, x = _TwoLinears().eval(), torch.randn(1, QuantConfig.blocks_from_rows, 64)
+    cm = circle_fx.export(model, (x,), quantize=QuantConfig(overrides={"b": "int8"}), verbose=False)
+    cf = read_circle(cm.to_bytes())
+    fc = [cf.tensors[op.inputs[1]].type_name for op in cf.operators if op.name == "FULLY_CONNECTED"]
+    assert fc == ["GGML_Q8_0", "INT8"]

@@ -108,6 +108,10 @@ def q_conv2d(ctx, node):
     lowering (padding as PADV2 with the input's zero point, groups, fused activation)."""
     x, xs, _, w, ws, wzp, b, stride, pads, dilation, groups, activation = node.args[:12]
     weight = ctx.constant(w)
+    if ctx.dtype(x) != torch.uint8 or weight is None or weight.dtype != torch.uint8:
+        raise ctx.error(f"a quantized convolution is lowered for uint8 input and weight only (what onert 0.1.0 "
+                        f"computes right), not {ctx.dtype(x)} x {None if weight is None else weight.dtype}: "
+                        "quantize convolutions with uint8 activations (quant_target='onert')")
     bias = None
     if b is not None:
         scale = float(np.float32(xs)) * float(np.float32(ws))
