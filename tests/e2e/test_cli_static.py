@@ -1,5 +1,5 @@
 """``circle-fx export --static``: PT2E quantization from the command line prints the
-quantization report, so the worst layers are visible before deployment (issue 18 item 6)."""
+quantization report, so the worst layers are visible before deployment."""
 from __future__ import annotations
 
 import textwrap

@@ -31,7 +31,7 @@ def reference():
 
 
 # q4_0-mix keeps lm_head, down_proj and layers 0, 1, 28, 29 at Q8_0 (measured: graph +2.9 %, onert +3.7 %);
-# plain q4_0 (every linear Q4_0) is +31 % (graph 24.19 vs 18.44): over issue 17's 8 %, not tested here
+# plain q4_0 (every linear Q4_0) is +31 % (graph 24.19 vs 18.44): over the 8 % goal, not tested here
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0-mix"])
 def test_perplexity_within_bound_of_float(reference, kind):
     model, ids, ppl_float = reference

@@ -1,5 +1,5 @@
-"""Issue 18's agreement gate on a reduced setting: SmolLM2-135M cut to its first 2 decoder
-layers, 64 tokens of the evaluation text, calibration 4 x 64 tokens, ``quant_target="onert"``:
+"""The PT2E agreement gate (onert file vs its fake-quant reference) on a reduced setting:
+SmolLM2-135M cut to its first 2 decoder layers, 64 tokens of the evaluation text, calibration 4 x 64 tokens, ``quant_target="onert"``:
 the onert file must agree with the fake-quantized torch model on >= 98 % of top-1 tokens.
 
 - The default ``CircleQuantizer()`` does not (0.844 measured 2026-12-05): onert's uint8
