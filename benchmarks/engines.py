@@ -28,9 +28,9 @@ Engines (``--engines``, comma separated):
 Each measurement is a fresh child process pinned (``sched_setaffinity``) to ``threads`` cores,
 with the engine's thread count set to match (onert ``NUM_THREADS``, XNNPACK's threadpool,
 ``torch.set_num_threads``), except a circle_fx package whose manifest says it has GGML weights:
-its sessions get the thread count the package asks for (``LLMRunner``: one thread for a file
-with GGML weights, onert's default for the other; docs/onert-findings.md measured two ggml
-threads 10x slower even with the second core free). The children run interleaved: round r measures every engine once
+its sessions get the thread count ``LLMRunner`` chooses (for a file with GGML weights the cores
+idle when the session is prepared, ``ggml_support.ggml_thread_count``; onert's default for the
+other; docs/onert-findings.md: two ggml threads win with the second core idle, lose 2-10x with it busy). The children run interleaved: round r measures every engine once
 per thread setting, in an order rotated per round, so background load hits all engines alike;
 the table shows the median over rounds. ``cpu/wall`` is process CPU time over wall time during
 the measured calls: 1.0 means one busy core, 2.0 both.

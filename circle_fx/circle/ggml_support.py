@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -108,20 +109,54 @@ def has_block_tensors(path) -> bool:
     return any(ggml.block_type(t.type) is not None for t in read_circle(path).tensors)
 
 
+def idle_cores(cores: int, loadavg: str) -> int:
+    """How many of ``cores`` nothing else is running on, from ``/proc/loadavg``'s text: its
+    fourth field ``R/T`` counts the runnable tasks system-wide *now* (this one included), unlike
+    the load averages, which lag by a minute. At least 1."""
+    try:
+        running = int(loadavg.split()[3].split("/")[0])
+    except (IndexError, ValueError):
+        return 1
+    return max(1, min(cores, cores - max(0, running - 1)))
+
+
+def ggml_thread_count() -> int:
+    """Threads for a GGML session prepared now: the cores this process may use that are idle.
+
+    ggml's threads spin-wait for each other, so the right count depends on the host's load at
+    the time (measured 2026-12-05, 125M Llama, 2 cores, docs/onert-findings.md): with the other
+    core idle, two threads decode Q8_0 1.5x and Q4_0 1.15x faster and prefill 128 tokens
+    1.5-1.8x faster than one; with the other core busy, two threads are 2-10x *slower*. Three
+    samples a few ms apart, the busiest counts: a momentary idle reading must not buy a session
+    that collapses for its whole life."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return 1
+    best = cores
+    for i in range(3):
+        if i:
+            time.sleep(0.005)
+        try:
+            with open("/proc/loadavg") as f:
+                best = min(best, idle_cores(cores, f.read()))
+        except OSError:
+            return 1
+    return best
+
+
 @contextlib.contextmanager
 def ggml_threads(active: bool):
-    """``NUM_THREADS=1`` while onert prepares a session of a file with GGML weights, unless the
-    host set ``NUM_THREADS`` itself. onert reads the variable when it *prepares* a session (its
-    first run, or ``prepare()``), per session: set around prepare and removed, the session keeps
-    one thread and later sessions get the default again (measured 2026-12-05). One thread because
-    ggml's threads wait on a busy core: 12 stacked 2048x2048 Q4_0 FCs, one token, 2 cores with the
-    other one busy: 3.3-6.9 ms with one thread, 43-53 ms with NUM_THREADS unset or 2 (Q8_0: 6.4
-    vs 58-60 ms); float32 is unaffected (docs/onert-findings.md). The variable is process-wide for
-    the duration: a session another thread prepares at that moment gets one thread too."""
+    """``NUM_THREADS`` = :func:`ggml_thread_count` while onert prepares a session of a file with
+    GGML weights, unless the host set ``NUM_THREADS`` itself. onert reads the variable when it
+    *prepares* a session (its first run, or ``prepare()``), per session: set around prepare and
+    removed, the session keeps its count and later sessions get the default again (measured
+    2026-12-05). The variable is process-wide for the duration: a session another thread
+    prepares at that moment gets the same count."""
     if not active or "NUM_THREADS" in os.environ:
         yield
         return
-    os.environ["NUM_THREADS"] = "1"
+    os.environ["NUM_THREADS"] = str(ggml_thread_count())
     try:
         yield
     finally:

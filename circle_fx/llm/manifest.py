@@ -54,11 +54,12 @@ a tied weight stored once per encoding reads ``q8_0+uint8``; a weight not listed
 The two files may differ: with ``int8`` weights the prefill's linears (``prefill_len`` >= 16 rows)
 are ``q8_0`` and the decode's ``int8`` (``QuantConfig.blocks_from_rows``: the faster kernel per row count).
 ``num_threads``: onert reads the ``NUM_THREADS`` environment variable when it prepares a session
-(``nnfw_prepare``, per session); a host should set it to this value before preparing sessions for
-these files (``LLMRunner`` and ``CircleModel.run`` do, unless ``NUM_THREADS`` is already set) (measured on an
-AVX-512 host: onert's ggml kernels were 8-10x slower with ``NUM_THREADS`` unset or 2 than with 1
-when the second core was busy, and never faster with 2 when it was idle; float models keep onert's
-default, whose multithreaded CONV_2D speeds up prefill).
+(``nnfw_prepare``, per session); for these files 1 is the safe value: ggml's threads spin-wait, so
+on a 2-core AVX-512 host two threads were 1.15-1.5x faster at decode and 1.5-1.8x at prefill when the
+second core was idle, and 2-10x slower when it was busy (``LLMRunner`` and ``CircleModel.run`` set
+it, unless ``NUM_THREADS`` is already set, to the number of cores idle when they prepare a session,
+``circle_fx.circle.ggml_support.ggml_thread_count``); float models keep onert's
+default, whose multithreaded CONV_2D speeds up prefill.
 
 ``IO`` = ``{"name", "index", "shape", "dtype"}``; ``index`` is the onert input/output
 slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
@@ -143,10 +144,11 @@ def cache_writes(caches, rows: str, first_cache_row, count) -> list[dict]:
 
 
 #: why a package with GGML weights asks for one onert thread (``weights.num_threads_why``)
-GGML_THREADS_WHY = ("onert's ggml kernels (GGML_Q8_0/Q4_0 FULLY_CONNECTED) were 7-10x slower with NUM_THREADS "
-                    "unset or 2 than with 1 on a 2-core host whose other core was busy, and no faster with 2 "
-                    "on an idle one (measured 2026-12-03 and 2026-12-05; docs/onert-findings.md); onert reads "
-                    "NUM_THREADS when it prepares a session")
+GGML_THREADS_WHY = ("onert's ggml kernels (GGML_Q8_0/Q4_0 FULLY_CONNECTED) spin-wait: on a 2-core host, two "
+                    "threads were 1.15-1.5x faster at decode and 1.5-1.8x at a 128-token prefill than one when the "
+                    "other core was idle, and 2-10x slower when it was busy (measured 2026-12-05; "
+                    "docs/onert-findings.md). 1 is the safe value; LLMRunner and CircleModel.run use the cores idle "
+                    "when they prepare a session. onert reads NUM_THREADS when it prepares a session")
 
 
 def weights_entry(quantize, decode, prefill) -> dict:

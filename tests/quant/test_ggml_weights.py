@@ -292,13 +292,15 @@ def test_onert_runs_ggml_or_refuses_cleanly():
     assert _rel(got, program.run(ids)[0].numpy()) <= 0.03
 
 
-def test_ggml_sessions_prepare_with_one_thread(monkeypatch):
+def test_ggml_sessions_prepare_with_the_idle_cores(monkeypatch):
     """onert reads NUM_THREADS when it prepares a session: a GGML file's first run sees
-    NUM_THREADS=1 (ggml's threads are 8-10x slower with a busy second core), the variable is gone
-    afterwards (a later float session keeps onert's default), and a host's own setting is kept."""
+    NUM_THREADS = the cores idle at that moment (ggml's threads spin-wait: two are faster with
+    the second core idle, 2-10x slower with it busy), the variable is gone afterwards (a later
+    float session keeps onert's default), and a host's own setting is kept."""
     from circle_fx.circle import ggml_support
 
     monkeypatch.delenv("NUM_THREADS", raising=False)
+    monkeypatch.setattr(ggml_support, "ggml_thread_count", lambda: 1)
     seen = []
     real = ggml_support.ggml_threads
 
@@ -309,9 +311,12 @@ def test_ggml_sessions_prepare_with_one_thread(monkeypatch):
     with real(True):
         assert os.environ["NUM_THREADS"] == "1"
     assert "NUM_THREADS" not in os.environ
-    monkeypatch.setenv("NUM_THREADS", "2")
+    monkeypatch.setattr(ggml_support, "ggml_thread_count", lambda: 2)
     with real(True):
         assert os.environ["NUM_THREADS"] == "2"
+    monkeypatch.setenv("NUM_THREADS", "3")
+    with real(True):
+        assert os.environ["NUM_THREADS"] == "3"
     monkeypatch.delenv("NUM_THREADS")
     if ggml_unsupported_reason():
         pytest.skip("onert's GGML kernels cannot run on this CPU")
@@ -324,6 +329,26 @@ def test_ggml_sessions_prepare_with_one_thread(monkeypatch):
     cm.run(x)
     cm.run(x)
     assert seen[:1] == [True] and not any(seen[1:]) and "NUM_THREADS" not in os.environ, seen
+
+
+@pytest.mark.parametrize("cores, loadavg, want", [
+    (2, "0.50 0.40 0.30 1/95 123", 2),    # only the reader runs: both cores idle
+    (2, "1.90 1.80 1.70 2/95 123", 1),    # one other runnable task: one core left
+    (2, "9.00 9.00 9.00 7/300 123", 1),   # oversubscribed: never below 1
+    (1, "0.00 0.00 0.00 1/95 123", 1),    # pinned to one core
+    (8, "3.00 3.00 3.00 4/200 123", 5),
+    (2, "garbage", 1),                    # unreadable: the safe value
+])
+def test_idle_cores_reads_the_runnable_count(cores, loadavg, want):
+    from circle_fx.circle.ggml_support import idle_cores
+
+    assert idle_cores(cores, loadavg) == want
+
+
+def test_ggml_thread_count_is_within_the_affinity():
+    from circle_fx.circle.ggml_support import ggml_thread_count
+
+    assert 1 <= ggml_thread_count() <= len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
