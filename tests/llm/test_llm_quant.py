@@ -64,7 +64,7 @@ def test_bad_quantize_value_fails_before_capture():
 
 def test_cli_overrides_and_manifest_weight_formats(tmp_path, capsys):
     """``export-llm --quantize q4_0 --override ...``: the manifest records each weight's encoding under
-    the model's own names (not the export wrapper's), the config, and num_threads 1 (the safe value) for the GGML
+    the model's own names (not the export wrapper's), the config, and num_threads 1 (safe) for the GGML
     kernels; the command prints the linears each override matched."""
     import json
     import os
@@ -87,7 +87,7 @@ def test_cli_overrides_and_manifest_weight_formats(tmp_path, capsys):
     assert w["ggml"] is True and w["num_threads"] == 1 and w["bits_per_weight"]["q4_0"] == 4.5
     from circle_fx.circle.ggml_support import ggml_unsupported_reason
 
-    if not ggml_unsupported_reason():  # the runner prepares both sessions with the idle cores as NUM_THREADS, then drops it
+    if not ggml_unsupported_reason():  # both sessions prepared with NUM_THREADS = idle cores
         from circle_fx.llm import LLMRunner
 
         runner = LLMRunner(out)
