@@ -118,7 +118,7 @@ def rank_problem(name: str, input_dims: list[list], output_dims: list, axes=None
 #: the data inputs, None = all; type names)``. Measured on [2,4] inputs, every type tried
 #: (FLOAT32, INT32, INT64, BOOL, INT8), exact where listed; the others fail at run time
 #: ("StridedSlice: unsupported data type", "Slice: ...", "Gather: unsupported input data
-#: type", ...) or, for REDUCE_MAX, at prepare (docs/onert-findings.md, "Element types").
+#: type", ...) or, for REDUCE_MAX and ARG_MAX, at load/prepare (docs/onert-findings.md, "Element types").
 #: ``emit/legalize/types.py`` routes other types through an exact carrier; verify reports them.
 ELEMENT_TYPES: dict[str, tuple[tuple[int, ...] | None, frozenset[str]]] = {
     "STRIDED_SLICE": ((0,), frozenset({"FLOAT32", "INT32", "INT64"})),
@@ -132,6 +132,7 @@ ELEMENT_TYPES: dict[str, tuple[tuple[int, ...] | None, frozenset[str]]] = {
     "PAD": ((0,), frozenset({"FLOAT32", "INT8"})),
     "PADV2": ((0, 2), frozenset({"FLOAT32", "INT8"})),
     "REDUCE_MAX": ((0,), frozenset({"FLOAT32", "INT32"})),
+    "ARG_MAX": ((0,), frozenset({"FLOAT32", "INT32"})),  # int8: compares as unsigned (wrong)
 }
 #: the types the table was measured on: other types (UINT8, INT16...) and quantized tensors are
 #: left to the lowerings that emit them (the quantized-weights paths, measured separately)

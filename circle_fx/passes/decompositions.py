@@ -119,6 +119,17 @@ def copy(x, src, non_blocking=False):
     return src.to(x.dtype).expand(x.shape).clone()
 
 
+def _arg(reduce):
+    def arg(x, dim=None, keepdim=False):
+        """``argmax`` / ``argmin`` as the index output of ``max.dim`` / ``min.dim`` (ARG_MAX, which
+        picks the first index on ties, as torch does); ``dim=None`` reads the flattened tensor."""
+        if dim is None:
+            index = reduce(x.reshape(-1), 0)[1]
+            return index.reshape([1] * x.dim()) if keepdim else index
+        return reduce(x, dim, keepdim)[1]
+    return arg
+
+
 def expm1(x):
     # exp(x) - 1: absolute error ~1 ulp of 1 near 0 (relative precision of tiny results is lost)
     return torch.exp(x) - 1
@@ -456,6 +467,8 @@ DECOMPOSITIONS = {
     aten.empty_like.default: _factory(0),
     aten.new_empty.default: _new(0),
     aten.copy.default: copy,
+    aten.argmax.default: _arg(torch.max),
+    aten.argmin.default: _arg(torch.min),
     aten.min.other: lambda a, b: torch.minimum(a, b),
     aten.max.other: lambda a, b: torch.maximum(a, b),
 }

@@ -114,6 +114,18 @@ def test_int64_runtime_gather_from_one_row_is_a_clear_error():
     assert "GATHER of int64" in msg and "onert_eager.py" in msg, msg
 
 
+def test_bool_max_dim_indices_run_through_int32():
+    """ARG_MAX has no bool kernel: the mask goes through an int32 carrier (the index is the same)."""
+    assert_onert_matches_eager(Fn(lambda x: (x > 0).max(-1).indices), [_x(3, 5)], **EXACT)
+
+
+def test_int64_runtime_argmax_is_a_clear_error():
+    """ARG_MAX (and REDUCE_MAX) have no int64 kernel (onert fails to load the file): refused at
+    export, naming the op, instead of a file onert cannot load."""
+    with pytest.raises(circle_fx.UnsupportedOpError, match="int64 values known only at run time"):
+        circle_fx.export(Fn(lambda x: (x * 3).argmax(-1)), (torch.arange(8).view(2, 4),))
+
+
 def test_int64_runtime_amax_is_a_clear_error():
     """REDUCE_MAX has no int64 kernel (onert fails at prepare): refused at export."""
     with pytest.raises(circle_fx.UnsupportedOpError, match="REDUCE_MAX of int64 values known only at run time"):
@@ -179,8 +191,11 @@ def _probe(name: str, dt) -> tuple[bytes, np.ndarray, list[np.ndarray]]:
         "PADV2": (BO.PADV2, [x, i32("p", [[0, 0], [1, 1]]), mb.add_constant("v", np.asarray(1, dt))], [[2, 6]],
                   options("PadV2Options"), [np.pad(a, ((0, 0), (1, 1)), constant_values=1)]),
         "REDUCE_MAX": (BO.REDUCE_MAX, [x, i32("a", [1])], [[2]], options("ReducerOptions", keepDims=False), [a.max(1)]),
+        "ARG_MAX": (BO.ARG_MAX, [x, i32("a", [1])], [[2]], options("ArgMaxOptions", outputType=TT.INT64),
+                    [a.argmax(1).astype(np.int64)]),
     }[name]
-    outs = [mb.add_tensor(f"o{k}", s, ct) for k, s in enumerate(shapes)]
+    out_ct = TT.INT64 if name == "ARG_MAX" else ct  # an index, whatever the input type
+    outs = [mb.add_tensor(f"o{k}", s, out_ct) for k, s in enumerate(shapes)]
     mb.add_operator(code, ins, outs, opts)
     for o in outs:
         mb.outputs.append(o)

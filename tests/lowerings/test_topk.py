@@ -1,7 +1,8 @@
 """``torch.topk`` in onert (it has no TOPK_V2 kernel: circle_fx lowers it through REDUCE_MAX
 rounds), against eager: values and indices, the MoE router use, rank 5, rows with fewer
 finite values than k, and no index wrapping for its (never negative) positions; and
-``max.dim`` / ``min.dim`` (REDUCE_MAX + ARG_MAX) on 4-D inputs.
+``max.dim`` / ``min.dim`` (REDUCE_MAX + ARG_MAX) on 4-D inputs; ``argmax`` / ``argmin``
+(decomposed into the index output of ``max.dim`` / ``min.dim``), ties included.
 """
 from __future__ import annotations
 
@@ -90,3 +91,23 @@ def test_max_min_dim(op, keepdim):
 def test_max_dim_values_only_emits_no_argmax():
     cm = _check(Fn(lambda x: x - x.max(dim=-1, keepdim=True).values), randn(2, 3, 7))
     assert "ARG_MAX" not in cm.op_histogram()
+
+
+@pytest.mark.parametrize("fn", [torch.argmax, torch.argmin])
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (None, True), (-1, False), (1, True), (0, False)])
+def test_argmax_argmin_match_eager(fn, dim, keepdim):
+    cm = _check(Fn(lambda x: fn(x, dim=dim, keepdim=keepdim)), randn(3, 4, 5))
+    assert "ARG_MAX" in cm.op_histogram()
+
+
+@pytest.mark.parametrize("fn", [torch.argmax, torch.argmin])
+def test_argmax_argmin_pick_the_first_of_tied_values(fn):
+    """Greedy decoding's argmax over tied logits: torch returns the first index, and so must onert."""
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, -1.0, 5.0, -1.0]])
+    cm = circle_fx.export(Fn(lambda x: fn(x, -1)), (x,))
+    np.testing.assert_array_equal(cm.run(x)[0], fn(x, -1).numpy())
+
+
+def test_argmax_of_int32_values_matches_eager():
+    x = torch.randint(-5, 5, (4, 7), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    _check(Fn(lambda x: torch.argmax(x, -1)), x)
