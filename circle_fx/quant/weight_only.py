@@ -39,6 +39,7 @@ it would mean keeping a float copy too — or when it is tied to a use the confi
 from __future__ import annotations
 
 import fnmatch
+import operator
 import re
 from dataclasses import dataclass, field
 
@@ -279,6 +280,11 @@ class QuantizeWeights(Pass):
             if _matches(p, name):
                 record.overridden.setdefault(p, []).append(name)
                 break
+        batches = {_batch(u) for u in attr.users}
+        if None in batches:
+            record.skipped.append((name, "a convolution with a dynamic batch: onert 0.1.0's hybrid int8 "
+                                         "convolution corrupts memory at batch > 1 (docs/onert-findings.md)"))
+            return False
         try:
             q, scale = quantize_rows(w.reshape(w.shape[0], -1))
         except ValueError as e:
@@ -289,7 +295,7 @@ class QuantizeWeights(Pass):
         sn = self._constant(program, attr, scale, "scale")
         for user in list(attr.users):
             x, _, bias, *rest = arguments(user)
-            self._replace(program.graph, user, conv2d_w8, (x, qn, sn, bias, *rest))
+            self._replace_per_sample(program.graph, user, _batch(user), (qn, sn, bias, *rest))
         record.quantized.append((name, "conv", tuple(w.shape), "int8"))
         size = record.sizes.setdefault("int8", [0, 0])
         size[0] += q.numel() + 4 * scale.numel()
@@ -411,12 +417,39 @@ class QuantizeWeights(Pass):
         record.add(name, linears, embeddings, tuple(w.shape), str(q.dtype).replace("torch.", ""),
                    q.numel() + 4 * scale.numel())
 
+    @classmethod
+    def _replace_per_sample(cls, g, user, batch: int, rest: tuple) -> None:
+        """``user`` (a float convolution) as ``conv2d_w8`` once per sample, concatenated along
+        the batch: onert 0.1.0's hybrid CONV_2D / DEPTHWISE_CONV_2D (int8 filter, float input)
+        kills the process (SIGSEGV / SIGABRT) at any batch above 1 and runs correctly at batch 1
+        (measured 2026-12-05: 1x1, 3x3 and depthwise, batches 2 and 3; docs/onert-findings.md).
+        The filter is one constant either way; the cost is a SPLIT and a CONCATENATION."""
+        x = user.args[0]
+        if batch == 1:
+            cls._replace(g, user, conv2d_w8, (x, *rest))
+            return
+        with g.inserting_before(user):
+            parts = make_node(g, aten.split.Tensor, (x, 1, 0), like=user)
+            outs = []
+            for i in range(batch):
+                xi = make_node(g, operator.getitem, (parts, i), like=user)
+                outs.append(make_node(g, conv2d_w8, (xi, *rest), like=user))
+            new = make_node(g, aten.cat.default, (outs, 0), like=user)
+        user.replace_all_uses_with(new)
+        g.erase_node(user)
+
     @staticmethod
     def _replace(g, user, target, args) -> None:
         with g.inserting_before(user):
             new = make_node(g, target, args, like=user)
         user.replace_all_uses_with(new)
         g.erase_node(user)
+
+
+def _batch(conv: fx.Node) -> int | None:
+    """A convolution's static batch (its input's dim 0), None when dynamic."""
+    v = conv.args[0].meta.get("val") if isinstance(conv.args[0], fx.Node) else None
+    return v.shape[0] if v is not None and v.dim() and isinstance(v.shape[0], int) else None
 
 
 def _conv_uses(attr: fx.Node) -> bool:

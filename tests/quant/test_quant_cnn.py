@@ -80,6 +80,36 @@ def test_int8_convolutions_per_channel_in_onert():
         ["c1.weight", "dw.weight", "grouped.weight", "stem.weight"]
 
 
+def test_int8_convolutions_at_batch_three_run_per_sample(tmp_path):
+    """onert 0.1.0's hybrid convolutions kill the process at batch > 1 (SIGSEGV / SIGABRT): each
+    sample goes through its own hybrid CONV_2D (one int8 filter, SPLIT + CONCATENATION). Run in a
+    child process, so a crash is this test's failure rather than the suite's."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    model = _Convs().eval()
+    x = torch.randn(3, 3, 16, 16)
+    cm = circle_fx.export(model, (x,), quantize="int8-weights", verbose=False)
+    path, xin, out = tmp_path / "b3.circle", tmp_path / "x.npy", tmp_path / "y.npy"
+    cm.save(str(path))
+    np.save(xin, x.numpy())
+    child = (f"from circle_fx import CircleModel; import numpy as np; "
+             f"np.save({str(out)!r}, CircleModel.load({str(path)!r}).run(np.load({str(xin)!r}))[0])")
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert _rel(np.load(out), ref) <= 0.03
+    for b in range(3):  # each sample as accurate as alone
+        assert _rel(np.load(out)[b], ref[b]) <= 0.03
+    cf = read_circle(cm.to_bytes())
+    convs = [op for op in cf.operators if op.name in ("CONV_2D", "DEPTHWISE_CONV_2D")]
+    assert len(convs) == 3 * 5
+    # one int8 filter buffer per convolution weight (group), shared by the three samples
+    assert len({cf.tensors[op.inputs[1]].buffer for op in convs}) == 5
+
+
 def test_conv_weights_follow_skip_and_weights_none():
     torch.manual_seed(0)
     model = _Convs().eval()
