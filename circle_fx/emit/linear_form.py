@@ -23,6 +23,12 @@ few rows, Q8_0 blocks from 16 rows): ``benchmarks/onert_prefill_forms.py`` measu
 onert runs for a quantized weight (hybrid int8 FC, ggml Q8_0/Q4_0 FC, DEQUANTIZE -> FC,
 DEQUANTIZE -> CONV_2D) at 1, 16 and 128 rows, and dequantizing to reach the multithreaded
 CONV_2D never won (the per-call dequantization costs more than the product).
+
+Also measured for prefill and not chosen (docs/onert-findings.md, "What bounds prefill"):
+BATCH_MATMUL with a constant weight (the FC's single-threaded Eigen GEMM), the 1x1 CONV_2D
+with the rows along W (``[1, 1, S, in]``: the same Eigen contraction), the hybrid int8
+CONV_2D (2-3x the hybrid FC's CPU) and onert's ``ruy`` backend for FULLY_CONNECTED / CONV_2D
+(14-17x the CPU: the wheel's ruy runs its portable C++ path; its AVX kernels are empty).
 """
 from __future__ import annotations
 
