@@ -309,7 +309,8 @@ class _Checker:
 
     def check_block_uses(self, op: OperatorView, where: str) -> None:
         """GGML block tensors only where onert 0.1.0 has a kernel for them (measured): the weight
-        (input 1) of a bias-free FULLY_CONNECTED, or a GGML_Q4_0 GATHER table (input 0)."""
+        (input 1) of a bias-free FULLY_CONNECTED without a fused activation (ignored), or a
+        GGML_Q4_0 GATHER table (input 0)."""
         for pos, i in enumerate(op.inputs):
             if not self.valid_tensor(i) or block_type(self.cf.tensors[i].type) is None:
                 continue
@@ -322,9 +323,21 @@ class _Checker:
                 if len(op.inputs) > 2 and op.inputs[2] != -1:
                     self.bad(f"{where}: a {t.type_name} weight with a bias input (onert's ggml kernel throws; "
                              "add the bias with ADD)")
+                if self._fused_activation(op):
+                    self.bad(f"{where}: a {t.type_name} weight with a fused activation (onert's ggml kernel "
+                             "ignores it, measured: benchmarks/onert_fc_activation.py; fuse it into an ADD after)")
             elif not (op.builtin_code == BO.GATHER and pos == 0 and t.type == TT.GGML_Q4_0):
                 self.bad(f"{where}: {t.type_name} {self.tname(i)} as input {pos}; onert 0.1.0 reads GGML blocks "
                          "only as a FULLY_CONNECTED weight or a GGML_Q4_0 GATHER table")
+
+    def _fused_activation(self, op: OperatorView) -> int:
+        """A FULLY_CONNECTED's fused activation (0 when its options table is absent or another)."""
+        if op.raw is None or op.options_type != options_union("FullyConnectedOptions")[1]:
+            return 0
+        try:
+            return self.options(op, "FullyConnectedOptions").FusedActivationFunction()
+        except _Skip:
+            return 0
 
     def check_options(self, op: OperatorView, where: str) -> None:
         kind = options_class_name(op.builtin_code)

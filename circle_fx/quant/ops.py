@@ -6,14 +6,16 @@ exactly what the Circle file encodes, with the dequantized weights. That makes t
 sources separately testable: the graph vs the float model is the weight rounding; onert vs the
 graph is the runtime's kernel (its hybrid FULLY_CONNECTED quantizes activations per row).
 
-- ``linear_w8(x, weight, scale, bias)``: ``weight`` int8 ``[O, I]``, ``scale`` float ``[O]``;
-  ``y = (x @ weight.T) * scale + bias``. Rows are independent, so weights merged along the
-  output dim (q/k/v) merge by concatenating ``weight`` and ``scale``.
+- ``linear_w8(x, weight, scale, bias, activation="none")``: ``weight`` int8 ``[O, I]``, ``scale``
+  float ``[O]``; ``y = act((x @ weight.T) * scale + bias)``, ``act`` none / relu / relu6 (a
+  ``circle.linear_act`` the ``linear_activation`` family fused). Rows are independent, so
+  weights merged along the output dim (q/k/v) merge by concatenating ``weight`` and ``scale``.
 - ``embedding_w8(table, scale, zero_point, indices)``: ``table`` uint8 (or int8 when the table
   is shared with a linear, tied ``lm_head``) ``[V, D]``, ``scale`` float ``[V]``;
   ``y = (table[indices] - zero_point) * scale[indices, None]``.
-- ``linear_ggml(x, blocks, kind, bias)``: ``blocks`` uint8 ``[O, I / 32 * block_bytes]``, GGML
-  ``kind`` ``"q8_0"`` / ``"q4_0"`` (:mod:`circle_fx.circle.ggml`); ``y = x @ dequant(blocks).T + bias``.
+- ``linear_ggml(x, blocks, kind, bias, activation="none")``: ``blocks`` uint8
+  ``[O, I / 32 * block_bytes]``, GGML ``kind`` ``"q8_0"`` / ``"q4_0"`` (:mod:`circle_fx.circle.ggml`);
+  ``y = act(x @ dequant(blocks).T + bias)``.
 - ``embedding_ggml(blocks, kind, indices)``: the rows ``indices`` of the dequantized table.
 - ``conv2d_w8(x, weight, scale, bias, stride, padding, dilation, groups, activation)``:
   ``circle.conv2d_nhwc`` (NHWC ``x``, explicit pads, fused activation) with an int8 ``weight``
@@ -27,24 +29,25 @@ from typing import Optional
 import torch
 
 from .. import ops_nhwc  # noqa: F401  (circle.conv2d_nhwc, which conv2d_w8 computes with)
+from ..ops_nhwc import ACTIVATIONS
 from ..circle import ggml
 
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
-_lib.define("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor")
+_lib.define("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, str activation=\"none\") -> Tensor")
 _lib.define("embedding_w8(Tensor table, Tensor scale, int zero_point, Tensor indices) -> Tensor")
-_lib.define("linear_ggml(Tensor x, Tensor blocks, str kind, Tensor? bias) -> Tensor")
+_lib.define("linear_ggml(Tensor x, Tensor blocks, str kind, Tensor? bias, str activation=\"none\") -> Tensor")
 _lib.define("embedding_ggml(Tensor blocks, str kind, Tensor indices) -> Tensor")
 _lib.define("conv2d_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int[] stride, int[] padding, "
             "int[] dilation, int groups, str activation=\"none\") -> Tensor")
 
 
 def _linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-               bias: Optional[torch.Tensor]) -> torch.Tensor:
+               bias: Optional[torch.Tensor], activation: str = "none") -> torch.Tensor:
     y = torch.nn.functional.linear(x, weight.to(x.dtype)) * scale.to(x.dtype)
-    return y if bias is None else y + bias
+    return ACTIVATIONS[activation](y if bias is None else y + bias)
 
 
-def _linear_w8_fake(x, weight, scale, bias):
+def _linear_w8_fake(x, weight, scale, bias, activation="none"):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -70,12 +73,12 @@ def ggml_dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     return torch.from_numpy(ggml.dequantize(b, blocks.contiguous().numpy(), shape))
 
 
-def _linear_ggml(x, blocks, kind: str, bias):
+def _linear_ggml(x, blocks, kind: str, bias, activation: str = "none"):
     y = torch.nn.functional.linear(x, ggml_dequantize(blocks, kind).to(x.dtype))
-    return y if bias is None else y + bias
+    return ACTIVATIONS[activation](y if bias is None else y + bias)
 
 
-def _linear_ggml_fake(x, blocks, kind, bias):
+def _linear_ggml_fake(x, blocks, kind, bias, activation="none"):
     return x.new_empty((*x.shape[:-1], blocks.shape[0]))
 
 

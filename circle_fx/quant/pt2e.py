@@ -10,7 +10,10 @@
 What it annotates (uint8, asymmetric, per tensor — onert 0.1.0's only correct fully
 quantized type; its FULLY_CONNECTED is uint8 x uint8 only):
 
-- ``linear``: input, weight and output (the bias stays float; the exporter makes it int32);
+- ``linear``: input, weight and output (the bias stays float; the exporter makes it int32), the
+  output after a ReLU / ReLU6 that reads only it (uint8 activations: the ``linear_activation``
+  family fuses it and onert's uint8 FULLY_CONNECTED clamps its result exactly, measured in
+  ``benchmarks/onert_fc_activation.py``);
 - ``embedding``: the table, with the output sharing its parameters (an integer GATHER);
 - ``conv2d``: input, weight (uint8 per tensor: onert 0.1.0's uint8 CONV_2D / DEPTHWISE_CONV_2D
   are exact, an int8 weight under uint8 activations silently wrong, measured in
@@ -203,6 +206,7 @@ class CircleQuantizer(Quantizer):
             raise InputError(f"CircleQuantizer(activation_dtype={activation_dtype!r}): expected one of "
                              f"{', '.join(map(repr, ACTIVATION_DTYPES))}")
         int16 = activation_dtype == "int16"
+        self._int16 = int16
         if skip is None:
             skip = () if int16 else DEFAULT_SKIP
         self.skip = tuple((skip,) if isinstance(skip, str) else skip)
@@ -240,8 +244,11 @@ class CircleQuantizer(Quantizer):
                 x, w = n.args[0], n.args[1]
                 if x in constant or not _is_float(x) or not _is_float(w) or self._skipped(n):
                     continue
+                act = _fusable_activation(n) if self.linear_outputs == "quantized" and not self._int16 else None
                 self._annotate(n, {x: self.activation, w: self.weight},
-                               self.activation if self.linear_outputs == "quantized" else None)
+                               self.activation if self.linear_outputs == "quantized" and act is None else None)
+                if act is not None:  # quantized after the ReLU / ReLU6, which FULLY_CONNECTED applies
+                    self._annotate(act, {}, self.activation)
             elif n.target is aten.conv2d.default:
                 x, w = n.args[0], n.args[1]
                 if x in constant or not _is_float(x) or not _is_float(w) or w not in constant or self._skipped(n):

@@ -36,6 +36,7 @@ from ..circle.schema import QuantParams
 from ..errors import InputError
 from ..fx_utils import CAST_OPS, arguments, fake_constant, fake_mode_of, make_node
 from ..ops_nhwc import conv2d_nhwc
+from ..fusions.linear_activation import linear_act
 from ..source import source_line
 from ..meta import DEQUANTIZED_FROM, QUANT_META
 from ..fusions.rms_norm import reduces_a_square, rms_norm
@@ -197,6 +198,8 @@ class QDQLower(_TargetPass):
                  aten.embedding.default: qops.q_embedding, conv2d_nhwc: qops.q_conv2d}
         if self.target == "npu":
             fused[rms_norm] = qops.q_rms_norm
+        else:  # a linear with a fused ReLU / ReLU6: onert's uint8 FC clamps its result exactly
+            fused[linear_act] = qops.q_linear
         return fused
 
     def run(self, program) -> bool:
@@ -233,7 +236,7 @@ class QDQLower(_TargetPass):
             return None
         args = list(op.args)
         extra: list = []  # the op's non-tensor arguments, after the operands
-        if op.target is aten.linear.default:
+        if op.target in (aten.linear.default, linear_act):
             x, w, b = (args + [None])[:3]
             if b is not None and not (isinstance(b, fx.Node) and b.op == "get_attr"):
                 return None  # a bias computed at run time has no place in FULLY_CONNECTED
@@ -277,8 +280,9 @@ class QDQLower(_TargetPass):
         flat = [v for o in operands for v in o] + extra
         if qop is qops.q_embedding:
             flat.append(args[1])  # the ids (not quantized)
+        after = (args[3],) if op.target is linear_act and args[3] != "none" else ()  # the fused activation
         with op.graph.inserting_before(q):
-            new = make_node(op.graph, qop, (*flat, out_s, out_zp), like=op)
+            new = make_node(op.graph, qop, (*flat, out_s, out_zp, *after), like=op)
         new.meta[QUANT_META] = QuantParams((out_s,), (out_zp,))
         return new
 

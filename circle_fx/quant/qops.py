@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops_nhwc  # noqa: F401  (circle.conv2d_nhwc, which q_conv2d computes with)
+from ..ops_nhwc import ACTIVATIONS
 from ..fusions.rms_norm import rms_norm_eager
 
 _lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
 _lib.define("q_linear(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
-            "float out_scale, int out_zp) -> Tensor")
+            "float out_scale, int out_zp, str activation=\"none\") -> Tensor")
 _lib.define("q_linear_pc(Tensor x, float x_scale, int x_zp, Tensor w, Tensor w_scales, Tensor w_zps, Tensor? bias, "
             "float out_scale, int out_zp) -> Tensor")
 _lib.define("q_add(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
@@ -50,9 +51,11 @@ def quantize(y: torch.Tensor, scale: float, zp: int, dtype: torch.dtype) -> torc
     return torch.clamp(torch.round(y * (1.0 / scale)) + zp, info.min, info.max).to(dtype)
 
 
-def _q_linear(x, x_scale, x_zp, w, w_scale, w_zp, bias, out_scale, out_zp):
+def _q_linear(x, x_scale, x_zp, w, w_scale, w_zp, bias, out_scale, out_zp, activation: str = "none"):
+    """``activation`` (none, relu, relu6): a ``circle.linear_act`` whose output PT2E quantized
+    after the ReLU (FULLY_CONNECTED's fused activation, a clamp of the uint8 result)."""
     y = F.linear(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), bias)
-    return quantize(y, out_scale, out_zp, x.dtype)
+    return quantize(ACTIVATIONS[activation](y), out_scale, out_zp, x.dtype)
 
 
 def _q_linear_pc(x, x_scale, x_zp, w, w_scales, w_zps, bias, out_scale, out_zp):
@@ -100,7 +103,8 @@ def _embedding_fake(w, w_scale, w_zp, ids, out_scale, out_zp):
     return w.new_empty([*ids.shape, w.shape[1]])
 
 
-def _linear_fake(x, x_scale, x_zp, w, w_scale, w_zp, bias: Optional[torch.Tensor], out_scale, out_zp):
+def _linear_fake(x, x_scale, x_zp, w, w_scale, w_zp, bias: Optional[torch.Tensor], out_scale, out_zp,
+                 activation="none"):
     return x.new_empty([*x.shape[:-1], w.shape[0]])
 
 

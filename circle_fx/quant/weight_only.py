@@ -13,7 +13,8 @@ embedding, or named ``lm_head``) follows ``QuantConfig.lm_head``.
 For every constant weight it computes, once and at compile time, int8 values with one
 symmetric scale per output row (``scale = max|row| / 127``), and rewrites its users:
 ``aten.linear`` -> ``circle.linear_w8``, ``aten.embedding`` -> ``circle.embedding_w8``
-(see :mod:`circle_fx.quant.ops`). The float weight is then unused and dropped by DCE, so
+(see :mod:`circle_fx.quant.ops`); a ``circle.linear_act`` (a linear with the ReLU / ReLU6 the
+``linear_activation`` family fused) is a linear too and keeps its activation. The float weight is then unused and dropped by DCE, so
 the graph never holds a float and a quantized copy of the same weight side by side; the
 rows are quantized in chunks of ~4 MiB, so no full-size float temporary exists either.
 
@@ -59,6 +60,7 @@ from ..circle import ggml
 from .config import GGML_MODES, SENSITIVE_LINEARS
 from .ggml import mapped_empty, pack as ggml_pack
 from ..ops_nhwc import conv2d_nhwc
+from ..fusions.linear_activation import linear_act
 from .ops import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 
 aten = torch.ops.aten
@@ -177,11 +179,12 @@ def quantize_rows(w: torch.Tensor, unsigned: bool = False) -> tuple[torch.Tensor
 
 
 def _uses(attr: fx.Node):
-    """``(linears, embeddings, others)``: the users reading ``attr`` as a linear weight, as an
-    embedding table, and in any other way."""
+    """``(linears, embeddings, others)``: the users reading ``attr`` as a linear weight (a plain
+    linear, or one with a fused activation: ``circle.linear_act``), as an embedding table, and
+    in any other way."""
     linears, embeddings, others = [], [], []
     for user in attr.users:
-        if user.target is aten.linear.default and len(user.args) > 1 and user.args[1] is attr \
+        if user.target in (aten.linear.default, linear_act) and len(user.args) > 1 and user.args[1] is attr \
                 and attr not in user.args[:1] + user.args[2:]:
             linears.append(user)
         elif user.target is aten.embedding.default and user.args[0] is attr and attr not in user.args[1:]:
@@ -390,8 +393,8 @@ class QuantizeWeights(Pass):
             raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
         bn = self._constant(program, attr, blocks, kind)
         for user in linears:
-            x, _, bias = (list(user.args) + [None])[:3]
-            self._replace(g, user, linear_ggml, (x, bn, kind, bias))
+            x, bias, act = _linear_args(user)
+            self._replace(g, user, linear_ggml, (x, bn, kind, bias, *act))
         for user in embeddings:
             self._replace(g, user, embedding_ggml, (bn, kind, user.args[1]))
         record.add(name, linears, embeddings, tuple(w.shape), kind, blocks.numel())
@@ -410,8 +413,8 @@ class QuantizeWeights(Pass):
         zero_point = UINT8_ZERO_POINT if unsigned else 0
         qn.meta[QUANT_META] = QuantParams(1.0, zero_point)
         for user in linears:
-            x, _, bias = (list(user.args) + [None])[:3]
-            self._replace(g, user, linear_w8, (x, qn, sn, bias))
+            x, bias, act = _linear_args(user)
+            self._replace(g, user, linear_w8, (x, qn, sn, bias, *act))
         for user in embeddings:
             self._replace(g, user, embedding_w8, (qn, sn, zero_point, user.args[1]))
         record.add(name, linears, embeddings, tuple(w.shape), str(q.dtype).replace("torch.", ""),
@@ -450,6 +453,13 @@ def _batch(conv: fx.Node) -> int | None:
     """A convolution's static batch (its input's dim 0), None when dynamic."""
     v = conv.args[0].meta.get("val") if isinstance(conv.args[0], fx.Node) else None
     return v.shape[0] if v is not None and v.dim() and isinstance(v.shape[0], int) else None
+
+
+def _linear_args(user: fx.Node):
+    """``(x, bias, activation)`` of a linear user, ``activation`` as the quantized op's trailing
+    arguments: ``()`` for a plain linear, ``(name,)`` for a ``circle.linear_act``."""
+    x, _, bias, *rest = arguments(user)
+    return x, bias, tuple(rest) if user.target is linear_act and rest != ["none"] else ()
 
 
 def _conv_uses(attr: fx.Node) -> bool:

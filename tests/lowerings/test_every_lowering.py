@@ -20,6 +20,7 @@ from circle_fx.emit.registry import LOWERINGS, builtin_targets
 from circle_fx.quant.lowerings import static
 from circle_fx.fusions.rms_norm import rms_norm
 from circle_fx.fusions.rope import rope
+from circle_fx.fusions.linear_activation import linear_act
 from circle_fx.ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from circle_fx.quant.ops import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 from circle_fx.source import op_name
@@ -56,6 +57,19 @@ class Lin(torch.nn.Module):
 
     def forward(self, x):
         return self.lin(x)
+
+
+class LinearAct(torch.nn.Module):
+    """``circle.linear_act`` (a linear with a fused ReLU6, the ``linear_activation`` family)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        with torch.no_grad():
+            self.lin.weight.mul_(8)
+
+    def forward(self, x):
+        return linear_act(x, self.lin.weight, self.lin.bias, "relu6")
 
 
 class W8Linear(torch.nn.Module):
@@ -249,6 +263,7 @@ CASES = {
     aten._log_softmax.default: (Fn(lambda x: torch.ops.aten._log_softmax.default(x, -1, False)), (X,)),
     aten.log_softmax.int: (Fn(lambda x: torch.log_softmax(x, -1)), (X,)),
     aten.linear.default: (Lin(), (X,)),
+    linear_act: (LinearAct(), (X,)),
     aten.matmul.default: (Fn(torch.matmul), (X, r(4, 5))),
     aten.bmm.default: (Fn(torch.bmm), (X, r(2, 4, 5))),
     aten.mm.default: (Fn(torch.mm), (A, r(4, 5))),

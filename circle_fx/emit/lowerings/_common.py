@@ -7,6 +7,10 @@ import torch.fx as fx
 from ...circle.schema import BO  # noqa: F401  (re-exported for lowering modules)
 from ...circle.schema import make_options as options  # noqa: F401  (re-exported)
 
+#: circle.ActivationFunctionType of a fused ``activation`` argument (``circle.conv2d_nhwc``,
+#: ``circle.linear_act`` and the quantized ops built from them): applied per output element
+ACTIVATION = {"none": 0, "relu": 1, "relu6": 3}
+
 
 def operand(ctx, value, dtype: torch.dtype) -> int:
     """Tensor for ``value`` in ``dtype`` (casting, or materialising a scalar)."""

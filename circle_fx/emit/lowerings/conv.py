@@ -28,12 +28,9 @@ from ...fx_utils import arguments
 from ...ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from ..registry import lowering
 from ...circle.schema import QuantParams
-from ._common import BO, options
+from ._common import ACTIVATION as _ACTIVATION, BO, options
 
 SAME, VALID = 0, 1  # circle.Padding.Padding
-#: circle.ActivationFunctionType of ``conv2d_nhwc``'s ``activation`` (applied per output element:
-#: per group too)
-_ACTIVATION = {"none": 0, "relu": 1, "relu6": 3}
 
 
 def _spatial(ctx, node, x) -> tuple[list[int], list[int]]:

@@ -9,6 +9,11 @@ time; BATCH_MATMUL gets the weight transposed once, at compile time. onert's
 FULLY_CONNECTED returns ``[rows, out]`` whatever ``keep_num_dims`` says and needs a bias
 slot (-1 when absent), so N-D inputs get a RESHAPE after it. Weights that are not
 constants go through BATCH_MATMUL instead.
+
+``circle.linear_act`` (the ``linear_activation`` family: a linear then ReLU / ReLU6) takes the
+same forms with the activation fused into the operator that writes the result: the
+FULLY_CONNECTED, the 1x1 CONV_2D, or the bias ADD after BATCH_MATMUL (a zero bias when the
+linear has none: BATCH_MATMUL has no fused activation).
 """
 from __future__ import annotations
 
@@ -17,9 +22,10 @@ import math
 import torch
 
 from ...fx_utils import arguments
+from ...fusions.linear_activation import linear_act
 from ..registry import lowering
 from .. import linear_form
-from ._common import BO, options
+from ._common import ACTIVATION, BO, options
 from ._fc import fully_connected, rows_input
 from ._matmul import batch_matmul
 
@@ -33,21 +39,36 @@ def linear(ctx, node):
     if w.op != "get_attr":
         _linear_runtime_weight(ctx, node, x, w, b)
         return
+    _linear(ctx, node, x, w, b)
+
+
+@lowering(linear_act)
+def lower_linear_act(ctx, node):
+    x, w, b, activation = arguments(node)
+    if activation not in ACTIVATION:
+        raise ctx.error(f"unknown fused activation {activation!r}; expected one of {sorted(ACTIVATION)}")
+    if getattr(w, "op", None) != "get_attr":
+        raise ctx.error("the weight of a linear with a fused activation must be a constant")
+    _linear(ctx, node, x, w, b, activation)
+
+
+def _linear(ctx, node, x, w, b, activation="none"):
     out_dims, out_hint = ctx.dims(node), ctx.shape_hint(node)
     if out_dims[:-1].count(-1) > 1:
-        _linear_batch_matmul(ctx, node, x, w, b)
+        _linear_batch_matmul(ctx, node, x, w, b, activation)
         return
     rows = math.prod(out_hint[:-1])
     # a dynamic dim anywhere before the last makes the row count dynamic
     rows_dim = -1 if -1 in out_dims[:-1] else rows
     form = _form(ctx, node, w, rows if rows_dim != -1 else None)
     if form == linear_form.CONV_2D:
-        _linear_conv(ctx, node, x, w, b, rows)
+        _linear_conv(ctx, node, x, w, b, rows, activation)
         return
     if form == linear_form.BATCH_MATMUL:
-        _linear_batch_matmul(ctx, node, x, w, b)
+        _linear_batch_matmul(ctx, node, x, w, b, activation)
         return
-    fully_connected(ctx, node, rows_input(ctx, x), ctx.tensor(w), ctx.tensor(b) if b is not None else -1)
+    fully_connected(ctx, node, rows_input(ctx, x), ctx.tensor(w), ctx.tensor(b) if b is not None else -1,
+                    activation=activation)
 
 
 def _form(ctx, node, w, rows):
@@ -65,7 +86,7 @@ def _form(ctx, node, w, rows):
     return linear_form.choose(rows, in_f, out_f)
 
 
-def _linear_conv(ctx, node, x, w, b, rows):
+def _linear_conv(ctx, node, x, w, b, rows, activation="none"):
     """``x`` as ``[1, rows, 1, in]`` through a 1x1 CONV_2D whose filter is the weight's bytes
     viewed ``[out, 1, 1, in]`` (OHWI; no copy, no transpose); onert needs an explicit bias."""
     weight = ctx.constant(w).detach()
@@ -77,16 +98,26 @@ def _linear_conv(ctx, node, x, w, b, rows):
     y4 = ctx.new_tensor([1, rows, 1, out_f], ctx.dtype(node), "conv")
     ctx.op(BO.CONV_2D, [x4, filt, bias], [y4],
            options("Conv2DOptions", padding=PADDING_VALID, strideW=1, strideH=1, dilationWFactor=1,
-                   dilationHFactor=1))
+                   dilationHFactor=1, fusedActivationFunction=ACTIVATION[activation]))
     ctx.op(BO.RESHAPE, [y4, ctx.shape_operand(node)], [ctx.output(node)])
 
 
-def _linear_batch_matmul(ctx, node, x, w, b):
+def _linear_batch_matmul(ctx, node, x, w, b, activation="none"):
     """Several dynamic leading dims: FULLY_CONNECTED would flatten them and the RESHAPE back
     could infer only one, so multiply by the transposed weight with BATCH_MATMUL instead
-    (rank-broadcast ``[..., in] x [in, out]``) and add the bias."""
+    (rank-broadcast ``[..., in] x [in, out]``) and add the bias (a fused activation rides on
+    that ADD; zeros when there is no bias)."""
     weight = ctx.constant(w).detach()
-    _matmul_plus_bias(ctx, node, x, ctx.const(weight.t().contiguous().numpy(), "weight_T"), b)
+    wt = ctx.const(weight.t().contiguous().numpy(), "weight_T")
+    if activation == "none":
+        _matmul_plus_bias(ctx, node, x, wt, b)
+        return
+    mm = ctx.like(node, "mm")
+    batch_matmul(ctx, ctx.tensor(x), wt, mm)
+    bias = ctx.tensor(b) if b is not None else ctx.const(torch.zeros(weight.shape[0], dtype=weight.dtype).numpy(),
+                                                          "zero_bias")
+    ctx.op(BO.ADD, [mm, bias], [ctx.output(node)],
+           options("AddOptions", fusedActivationFunction=ACTIVATION[activation]))
 
 
 def _linear_runtime_weight(ctx, node, x, w, b):

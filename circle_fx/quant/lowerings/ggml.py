@@ -3,7 +3,9 @@ onert 0.1.0 runs (measured: ``docs/onert-findings.md``, "GGML blocks").
 
 - ``linear_ggml`` -> ``FULLY_CONNECTED`` (float32 ``[rows, in]`` input, ``GGML_Q8_0`` /
   ``GGML_Q4_0`` weight ``[out, in]``, no bias: the ggml kernel throws on one) -> ``ADD`` bias ->
-  ``RESHAPE`` back to the leading dims. The kernel quantizes the activations per block of 32
+  ``RESHAPE`` back to the leading dims. A fused activation goes on the ADD (exact), an ADD of
+  zeros when there is no bias: the ggml kernel ignores FULLY_CONNECTED's fused activation
+  (measured: ``benchmarks/onert_fc_activation.py``; ``verify`` refuses it). The kernel quantizes the activations per block of 32
   (ggml's Q8 dot product), ~0.4 % of |y| for Q8_0 weights, far below the hybrid int8 path's
   per-row activation quantization.
 - ``embedding_ggml`` -> ``GATHER`` from a ``GGML_Q4_0`` table: onert returns the dequantized
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ...circle import ggml
 from ...circle.schema import BO, make_options as options
 from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.registry import lowering
+from ...fx_utils import arguments
 from ..ops import embedding_ggml, ggml_in_features, linear_ggml
 
 
@@ -45,7 +49,7 @@ def _weight(ctx, blocks, kind: str, what: str) -> int:
 
 @lowering(linear_ggml)
 def lower_linear_ggml(ctx, node):
-    x, blocks, kind, bias = node.args
+    x, blocks, kind, bias, activation = arguments(node)
     if ctx.dtype(x) != torch.float32:
         raise ctx.error(f"a {kind} linear needs a float32 input, got {ctx.dtype(x)}")
     wt = _weight(ctx, blocks, kind, f"the {kind} weight")
@@ -53,7 +57,10 @@ def lower_linear_ggml(ctx, node):
         ctx.dims(v, static=True)
     xt = rows_input(ctx, x, flatten=True)
     after = [] if bias is None else [(BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased")]
-    fully_connected(ctx, node, xt, wt, after=after, name=f"fc_{kind}", dtype=torch.float32)
+    if activation != "none" and bias is None:  # the ggml FC ignores a fused activation: an ADD of 0 takes it
+        zeros = ctx.const(np.zeros(ctx.dims(node, static=True)[-1], np.float32), "zero_bias")
+        after = [(BO.ADD, zeros, options("AddOptions"), "activated")]
+    fully_connected(ctx, node, xt, wt, after=after, name=f"fc_{kind}", dtype=torch.float32, activation=activation)
 
 
 @lowering(embedding_ggml)

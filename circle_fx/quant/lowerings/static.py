@@ -25,6 +25,7 @@ from ...circle.schema import BO, QuantParams, default_options, make_options as o
 from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.lowerings.conv import convolution
 from ...emit.registry import lowering
+from ...fx_utils import arguments
 from .. import qops
 
 _QD = torch.ops.quantized_decomposed
@@ -47,9 +48,11 @@ def dequantize(ctx, node):
 @lowering(qops.q_linear)
 def q_linear(ctx, node):
     """uint8 x uint8 -> uint8 FULLY_CONNECTED, int32 bias (int16 x int8 -> int16: int64
-    bias, as TFLite's 16x8 kernels); N-D input as for float linear."""
-    x, xs, _, w, ws, _, b = node.args[:7]
-    _fc(ctx, node, x, xs, w, (ws,), b)
+    bias, as TFLite's 16x8 kernels); N-D input as for float linear. A fused ReLU / ReLU6
+    (``onert`` target, a ``circle.linear_act``) is the FC's own activation: onert clamps the
+    uint8 result exactly (``benchmarks/onert_fc_activation.py``)."""
+    x, xs, _, w, ws, _, b, _, _, activation = arguments(node)
+    _fc(ctx, node, x, xs, w, (ws,), b, activation)
 
 
 @lowering(qops.q_linear_pc)
@@ -60,7 +63,7 @@ def q_linear_pc(ctx, node):
     _fc(ctx, node, x, xs, w, tuple(ctx.constant(w_scales).tolist()), b)
 
 
-def _fc(ctx, node, x, xs, w, w_scales: tuple, b):
+def _fc(ctx, node, x, xs, w, w_scales: tuple, b, activation="none"):
     for v in (x, node):  # static shapes only: raises on a dynamic dim
         ctx.dims(v, static=True)
     quant = ctx.quantization(node)
@@ -72,7 +75,8 @@ def _fc(ctx, node, x, xs, w, w_scales: tuple, b):
         bq = torch.round(ctx.constant(b).detach().double() / torch.from_numpy(scales)).to(bias_dtype)
         qp = QuantParams(tuple(scales.tolist()), (0,) * len(scales), 0)
         bias = ctx.const(bq.numpy(), "bias_q", quantization=qp)
-    fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=quant)
+    fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=quant,
+                    activation=activation)
 
 
 @lowering(qops.q_add, qops.q_mul)
