@@ -35,3 +35,32 @@ def tiny(family: str):
 def tiny_llama_factory():
     """CLI factory (``tests/llm_models.py:tiny_llama_factory``)."""
     return tiny("llama")
+
+
+def generates_like_transformers(model, directory, prompts=([5, 17, 9], [5, 17, 9, 33, 42, 100, 7]), new=6,
+                                max_seq_len=16, prefill_len=4, atol=1e-4):
+    """export_llm ``model``, then for each prompt generate ``new`` greedy tokens with
+    ``LLMRunner.generate`` in onert, through the prefill model and through decode steps only,
+    and assert transformers' ``model.generate`` picks the same tokens from the same logits
+    (within ``atol``). Returns the package's manifest."""
+    import numpy as np
+
+    import circle_fx
+
+    model.config.use_cache = True
+    model.generation_config.use_cache = True
+    pkg = circle_fx.export_llm(model, max_seq_len=max_seq_len, prefill_len=prefill_len, tokenizer=None)
+    pkg.save(directory)
+    runner = pkg.runner()
+    for ids in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        want, scores = out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
+        for use_prefill in (True, False):
+            got, logits = runner.generate(ids, new, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
+            where = f"prompt {ids} prefill={use_prefill}"
+            assert got == want, f"{where}: {got[len(ids):]} vs transformers {want[len(ids):]}"
+            diff = max(float(np.abs(g - s).max()) for g, s in zip(logits, scores))
+            assert diff < atol, f"{where}: logits differ by {diff}"
+    return pkg.manifest

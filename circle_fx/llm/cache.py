@@ -67,6 +67,19 @@ class GraphCache(Cache):
             return torch.cat([past_k, key_states], dim=2), torch.cat([past_v, value_states], dim=2)
         return torch.where(self.write_at, key_states, past_k), torch.where(self.write_at, value_states, past_v)
 
+    def update_indexer(self, indexer_key_states, layer_idx, *args, **kwargs):
+        """DeepSeek-V3.2-style sparse attention (``indexed_attention``: DeepSeek-V3.2, GLM-MoE-DSA,
+        HY-V4, ...): the indexer's keys ``[B, s, D]`` are one more state written at positions, like
+        K/V. It is carried as ``[B, 1, S, D]`` (positions on axis 2, as every ``carry="position"``
+        state, so the host writes its rows as it writes K/V) and handed back as ``[B, T, D]``."""
+        rows = indexer_key_states.unsqueeze(1)
+        self.new[("indexer", layer_idx, 0)] = rows
+        if self.past is None:
+            return indexer_key_states
+        past = self.past[("indexer", layer_idx, 0)]
+        full = torch.cat([past, rows], dim=2) if self.write_at is None else torch.where(self.write_at, rows, past)
+        return full.squeeze(1)
+
     def _get(self, kind, layer_idx, state_idx):
         if self.past is None:
             return None
@@ -132,7 +145,7 @@ class State:
     token's position (K/V, ``shape`` has ``max_seq_len`` rows); ``"replace"`` = the model outputs
     the whole next state, which replaces the input (conv windows, SSM / linear-attention states)."""
 
-    kind: str  # "key", "value", "conv", "recurrent"
+    kind: str  # "key", "value", "indexer" (written at positions), "conv", "recurrent" (replaced)
     layer: int
     index: int  # transformers' state_idx (a layer may hold several conv / recurrent states)
     shape: tuple
@@ -156,7 +169,9 @@ class State:
         return f"{self.kind}_{self._suffix()}"
 
 
-_ORDER = {"key": 0, "value": 1, "conv": 2, "recurrent": 3}
+_ORDER = {"key": 0, "value": 1, "indexer": 2, "conv": 3, "recurrent": 4}
+#: the states whose new rows the host writes at the token's position (axis 2 of a [1, H, S, D] buffer)
+POSITIONAL = ("key", "value", "indexer")
 
 
 def probe_caches(model, spec) -> list[State]:
@@ -168,7 +183,7 @@ def probe_caches(model, spec) -> list[State]:
                                                torch.zeros(1, dtype=torch.int32))
     out = []
     for (kind, layer, index), t in sorted(cache.new.items(), key=lambda kv: (kv[0][1], kv[0][2], _ORDER[kv[0][0]])):
-        if kind in ("key", "value"):
+        if kind in POSITIONAL:
             out.append(State(kind, layer, index, (1, int(t.shape[1]), spec.max_seq_len, int(t.shape[3])), AT_POSITION))
         else:
             out.append(State(kind, layer, index, tuple(int(d) for d in t.shape), REPLACE))
@@ -211,7 +226,7 @@ def _as_mask(visible: torch.Tensor, float_mask: bool, dtype) -> torch.Tensor:
 #: layer types whose layers attend (and take a 4-D mask); the model's other layer types
 #: (state layers: ``conv``, ``linear_attention``, ...) take transformers' 2-D padding mask,
 #: which is None here: prefill is never padded for models with such state (``State``)
-ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention")
 #: ``hybrid``: attention and an SSM side by side in one layer (Falcon-H1), which reads
 #: ``mask["full_attention"]`` and ``mask["linear_attention"]``
 STATE_KINDS = ("conv", "linear_attention", "mamba", "hybrid")
@@ -233,6 +248,8 @@ def _masks(config, visible_full, visible_sliding, float_mask, dtype, visible_chu
         out["sliding_attention"] = _as_mask(visible_sliding, float_mask, dtype)
     if "chunked_attention" in kinds:
         out["chunked_attention"] = _as_mask(visible_chunked, float_mask, dtype)
+    if "indexed_attention" in kinds:  # causal; the indexer's top-k selection is the model's own
+        out["indexed_attention"] = out["full_attention"]
     return out
 
 

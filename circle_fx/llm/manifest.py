@@ -17,7 +17,7 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
                 "names": ["key_cache_0", "value_cache_0", "conv_cache_1", ...],  # every state, input order
                 "shapes": {"key_cache_0": [1, H, S, D], ...},     # each state's own shape
                 "shape": [1, H, S, D] | null,                     # the shape when all are equal K/V
-                "states": [{"name": "conv_cache_1", "output": "conv_1", "kind": "conv",  # key/value/conv/recurrent
+                "states": [{"name": "conv_cache_1", "output": "conv_1", "kind": "conv",  # key/value/indexer/conv/recurrent
                             "layer": 1, "index": 0,               # transformers' layer_idx / state_idx
                             "shape": [...], "dtype": "float32",
                             "carry": "replace" | "position"}, ...]},
@@ -65,8 +65,8 @@ default, whose multithreaded CONV_2D speeds up prefill.
 slot. Protocol (what :class:`~circle_fx.llm.runner.LLMRunner` does):
 
 States are what each layer hands to transformers' cache (``Cache.update`` for K/V,
-``update_conv_state`` / ``update_recurrent_state`` for short-convolution windows and SSM /
-linear-attention states). ``carry: "position"`` (K/V): the outputs are new rows the host writes
+``update_indexer`` for a sparse-attention indexer's keys, carried as ``[1, 1, S, D]``, ``update_conv_state`` / ``update_recurrent_state`` for short-convolution windows and SSM /
+linear-attention states). ``carry: "position"`` (K/V, indexer keys): the outputs are new rows the host writes
 at the token's position (``cache_writes``); ``carry: "replace"``: the output is the whole next
 state, which replaces the input after every call. A model with any ``replace`` state has
 ``prefill.pads`` false: a right-padded prompt would leave the state after the padding, so
