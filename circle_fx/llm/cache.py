@@ -209,6 +209,56 @@ def slot_dependent(model, spec) -> bool:
     return not torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
 
 
+def _random_ids(spec, n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    lo = min(3, spec.vocab_size - 1)  # tiny configs' pad / bos / eos ids are 0..2
+    return torch.randint(lo, spec.vocab_size, (1, n), generator=gen, dtype=torch.int64).to(torch.int32)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
+    return bool((a - b).abs().max() <= tol * max(float(b.abs().max()), 1.0))
+
+
+def decode_matches_prefill(model, spec, past_length_input: bool) -> bool:
+    """Does the decode step give the logits a whole-prompt forward gives? In eager, decode
+    steps from position 0 to ``q`` on random ids (states carried as the host carries them)
+    against the :class:`Prefill` wrapper over the same ``q + 1`` ids, whose positions and
+    mask are constants and whose cache is empty (``get_seq_length`` 0 is true there). Used
+    when the decode step cannot answer ``get_seq_length`` with the run-time position: a model
+    that derives its positions from that length as a Python number (MVP's and RoFormer's
+    ``arange(cache_length, ...)``, TrOCR's) then sees position 0 in every step and fails this;
+    one that is given ``position_ids`` (GIT) or reads the length for a slice only (MPT) passes.
+    The tolerance is tight (1e-5 of the logits' scale): exact decoders differ from the prefill
+    by rounding (~2e-7 on tiny random models), while RoFormer's rotary positions at 0 change its
+    tiny random model's logits by only ~7e-5 (and its tokens not at all)."""
+    q = min(7, spec.max_seq_len - 1)
+    ids = _random_ids(spec, q + 1, seed=1)
+    states = {c.key: torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches}
+    step = DecodeStep(model, spec, past_length_input=past_length_input)
+    with torch.no_grad():
+        for p in range(q + 1):
+            out = step(ids[:, p:p + 1], torch.tensor([p], dtype=torch.int32), [states[c.key] for c in spec.caches])
+            for c in spec.caches:
+                states[c.key] = out[c.output] if c.carry == REPLACE else states[c.key].index_copy(
+                    2, torch.tensor([p]), out[c.output])
+        want = Prefill(model, spec, length=q + 1)(ids, torch.tensor([q], dtype=torch.int32))["logits"]
+    return _close(out["logits"], want, tol=1e-5)
+
+
+def causal(model, spec) -> bool:
+    """Are the logits at a position independent of the tokens after it? (In eager: two windows
+    equal up to the middle and different after it.) A model that recomputes its whole window
+    each step (:attr:`~circle_fx.llm.export.LLMSpec.recompute`) right-pads it, which is exact
+    only if no token attends to later ones (XLNet's default two-way attention does)."""
+    n = min(spec.max_seq_len, 8)
+    a, b = _random_ids(spec, n, seed=2), _random_ids(spec, n, seed=3)
+    k = max(n // 2 - 1, 0)
+    b[:, :k + 1] = a[:, :k + 1]
+    window, last = Prefill(model, spec, length=n), torch.tensor([k], dtype=torch.int32)
+    with torch.no_grad():
+        return _close(window(b, last)["logits"], window(a, last)["logits"])
+
+
 def layer_kinds(config) -> list[str] | None:
     """``config.layer_types`` if the model builds one mask per layer type (a dict)."""
     kinds = getattr(config, "layer_types", None)
@@ -253,8 +303,25 @@ def _masks(config, visible_full, visible_sliding, float_mask, dtype, visible_chu
     return out
 
 
-def _call(model, cache_kw, **kwargs):
-    return model(**{cache_kw: kwargs.pop("cache")}, use_cache=True, **kwargs)
+def _call(model, spec, cache, logits_to_keep=None, **kwargs):
+    """The model's own ``forward`` -> logits. A model that recomputes its window
+    (:attr:`~circle_fx.llm.export.LLMSpec.recompute`: its forward takes no cache, or export_llm
+    cannot drive it through one) is called with ``input_ids`` alone, as ``circle_fx.export``
+    calls it: its own causal mask and positions ``0..n-1``, no cache. A forward
+    without ``logits_to_keep`` (TrOCR, Whisper's decoder) computes every position's logits and
+    the one asked for is picked here, as transformers picks it (``logits[:, index, :]``)."""
+    params = spec.forward_params
+    if spec.recompute:
+        kwargs = {"input_ids": kwargs["input_ids"]}
+    else:
+        kwargs[spec.cache_kw] = cache
+    if "use_cache" in params:
+        kwargs["use_cache"] = not spec.recompute
+    pick = logits_to_keep is not None and "logits_to_keep" not in params
+    if logits_to_keep is not None and not pick:
+        kwargs["logits_to_keep"] = logits_to_keep
+    logits = model(**kwargs).logits
+    return logits[:, logits_to_keep, :] if pick else logits
 
 
 class DecodeStep(torch.nn.Module):
@@ -264,7 +331,8 @@ class DecodeStep(torch.nn.Module):
     def __init__(self, model, spec, past_length_input: bool = True, in_place: bool | None = None):
         super().__init__()
         self.model, self.spec = model, spec
-        self.past_length_input = past_length_input  # GraphCache.get_seq_length answers ``position``
+        # True: GraphCache.get_seq_length answers ``position``; False: 0 (see there)
+        self.past_length_input = past_length_input
         self.in_place = spec.kv_in_place if in_place is None else in_place
         S = spec.max_seq_len
         C = spec.attention_chunk or 1
@@ -296,21 +364,23 @@ class DecodeStep(torch.nn.Module):
         shape = (1, 1, 1, full.shape[0])
         mask = _masks(self.model.config, full.view(shape), sliding.view(shape), spec.float_mask, spec.torch_dtype,
                       chunked.view(shape))
-        out = _call(self.model, spec.cache_kw, input_ids=input_ids, position_ids=position.view(1, 1),
-                    attention_mask=mask, cache=cache)
-        return _outputs(out, cache, spec)
+        logits = _call(self.model, spec, cache, input_ids=input_ids, position_ids=position.view(1, 1),
+                       attention_mask=mask)
+        return _outputs(logits, cache, spec)
 
 
 class Prefill(torch.nn.Module):
-    """A prompt padded to ``prefill_len`` starting at position 0:
+    """A prompt padded to ``prefill_len`` (or ``length``) starting at position 0:
     ``(input_ids [1,P], last_index [1])`` -> ``{"logits": [1,1,V] at last_index,
     "key_0": [1,Hkv,P,D], ...}``. Right padding never changes the real tokens' results
-    (causal mask), so no length input is needed beyond ``last_index``."""
+    (causal mask), so no length input is needed beyond ``last_index``. With
+    ``length=max_seq_len`` and no states it is also the decode model of a package that
+    recomputes (:attr:`~circle_fx.llm.export.LLMSpec.recompute`)."""
 
-    def __init__(self, model, spec):
+    def __init__(self, model, spec, length: int | None = None):
         super().__init__()
         self.model, self.spec = model, spec
-        P = spec.prefill_len
+        P = length or spec.prefill_len
         self.register_buffer("positions", torch.arange(P, dtype=torch.int32).view(1, P), persistent=False)
         q = torch.arange(P).view(P, 1)
         k = torch.arange(P).view(1, P)
@@ -326,19 +396,19 @@ class Prefill(torch.nn.Module):
         cache = GraphCache(self.spec.num_layers)
         mask = _masks(self.model.config, self.causal, self.sliding, self.spec.float_mask, self.spec.torch_dtype,
                       self.chunked)
-        out = _call(self.model, self.spec.cache_kw, input_ids=input_ids, position_ids=self.positions,
-                    attention_mask=mask, cache=cache, logits_to_keep=last_index)
-        return out, cache
+        logits = _call(self.model, self.spec, cache, input_ids=input_ids, position_ids=self.positions,
+                       attention_mask=mask, logits_to_keep=last_index)
+        return logits, cache
 
     def forward(self, input_ids, last_index):
-        out, cache = self.run_cache(input_ids, last_index)
-        return _outputs(out, cache, self.spec)
+        logits, cache = self.run_cache(input_ids, last_index)
+        return _outputs(logits, cache, self.spec)
 
 
-def _outputs(out, cache: GraphCache, spec) -> dict:
+def _outputs(logits, cache: GraphCache, spec) -> dict:
     """``logits`` and each state's output (:attr:`State.output`): the new K/V rows, the next
     conv / recurrent states."""
-    result = {"logits": out.logits}
+    result = {"logits": logits}
     for c in spec.caches:
         result[c.output] = cache.new[c.key]
     return result

@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -40,10 +41,10 @@ from .package import LLMPackage
 from .text import default_tokenizer, text_assets
 
 try:
-    from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, layer_kinds, probe_caches,
-                        slot_dependent)
+    from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, causal,
+                        decode_matches_prefill, layer_kinds, probe_caches, slot_dependent)
 except ImportError as _e:  # transformers is an optional extra of circle_fx
-    DecodeStep = Prefill = layer_kinds = probe_caches = slot_dependent = None
+    DecodeStep = Prefill = causal = decode_matches_prefill = layer_kinds = probe_caches = slot_dependent = None
     ATTENTION_KINDS = STATE_KINDS = STATELESS_KINDS = ()
     _MISSING = _e
 
@@ -69,6 +70,12 @@ class LLMSpec:
     #: every layer's named state tensors (:class:`~circle_fx.llm.cache.State`: K/V with their
     #: geometry, conv windows, recurrent states), read by :func:`~circle_fx.llm.cache.probe_caches`
     caches: list = field(default_factory=list)
+    #: the names ``model.forward`` takes (``use_cache``, ``logits_to_keep`` are passed only if taken)
+    forward_params: frozenset = frozenset()
+    #: why the decode model recomputes the whole ``max_seq_len`` window each step instead of
+    #: carrying a cache (None: it carries one). Exact for a causal model (checked); costs a
+    #: ``max_seq_len``-token forward per new token. See :func:`export_llm`.
+    recompute: str | None = None
 
     def cache_names(self) -> list[str]:
         return [c.name for c in self.caches]
@@ -92,10 +99,10 @@ def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
         raise InputError(f"prefill_len must be an int in 1..max_seq_len ({max_seq_len}), got {prefill_len!r}")
     cfg = getattr(model.config, "get_text_config", lambda: model.config)()
     params = inspect.signature(model.forward).parameters
+    if "input_ids" not in params:
+        raise InputError(f"{type(model).__name__}.forward takes no input_ids; export_llm needs a transformers "
+                         "causal LM (…ForCausalLM)")
     cache_kw = "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
-    if cache_kw is None or "logits_to_keep" not in params:
-        raise InputError(f"{type(model).__name__}.forward takes no cache/past_key_values or logits_to_keep "
-                         "argument; export_llm needs a transformers causal LM (…ForCausalLM)")
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise UnsupportedDtypeError(f"the model's weights are {dtype}; export_llm supports float32 "
@@ -106,16 +113,18 @@ def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
                          "attn_implementation='sdpa' or 'eager'")
     kinds = layer_kinds(cfg)
     known = ATTENTION_KINDS + STATE_KINDS + STATELESS_KINDS
-    if kinds is not None and set(kinds) - set(known):
-        raise InputError(f"layer types {sorted(set(kinds) - set(known))} are not supported (supported: "
-                         f"{', '.join(known)})")
+    recompute = None if cache_kw else f"{type(model).__name__}.forward takes no cache argument"
+    if kinds is not None and set(kinds) - set(known):  # no cache driving for them: recompute (see export_llm)
+        recompute = recompute or (f"export_llm carries no cache for layer types {sorted(set(kinds) - set(known))} "
+                                  f"(it does for {', '.join(known)})")
     sliding = None
     if (kinds is not None and "sliding_attention" in kinds) or (kinds is None and getattr(cfg, "sliding_window", None)):
         sliding = int(cfg.sliding_window)
     chunk = int(cfg.attention_chunk_size) if kinds is not None and "chunked_attention" in kinds else None
     return LLMSpec(num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, max_seq_len=max_seq_len, prefill_len=prefill_len,
                    sliding_window=sliding, float_mask=impl == "eager", torch_dtype=dtype, cache_kw=cache_kw,
-                   attention_chunk=chunk)
+                   attention_chunk=chunk, forward_params=frozenset(params),
+                   recompute=recompute)
 
 
 def _rename_inputs(program, names: list[str]) -> None:
@@ -142,10 +151,11 @@ def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, 
     """The decode step, with ``Cache.get_seq_length()`` answering the run-time ``position``
     (decoders without ``position_ids`` derive their positions from it, see
     :meth:`~circle_fx.llm.cache.GraphCache.get_seq_length`). A model that uses that length as
-    a Python number (a branch, a slice bound, ``arange``'s start: GIT, MVP, RoFormer, MPT)
-    cannot be captured with a run-time value; it is captured again with 0 (as before: right for
-    GIT and MPT, which are given ``position_ids`` / read it for a slice; MVP and RoFormer then
-    take position 0 in every decode step)."""
+    a Python number (a branch, a slice bound, ``arange``'s start: GIT, MVP, RoFormer, MPT,
+    TrOCR) cannot be captured with a run-time value; it is captured with 0 if that is still
+    exact (:func:`~circle_fx.llm.cache.decode_matches_prefill`: GIT and MPT, which are given
+    ``position_ids`` / read it for a slice). Otherwise (MVP, RoFormer, TrOCR: their positions
+    would all be 0) returns None, and the package recomputes instead."""
     # torch.export prints the partial graph to stderr when a data-dependent guard fails: that
     # failure is expected here, so the first attempt's stderr is shown only if it succeeds
     err, shapes_log = io.StringIO(), logging.getLogger("torch.fx.experimental.symbolic_shapes")
@@ -156,10 +166,70 @@ def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, 
             program = api.capture(DecodeStep(model, spec), args)
         sys.stderr.write(err.getvalue())
     except (CaptureError, InputError):
+        if not decode_matches_prefill(model, spec, past_length_input=False):
+            return None
         program = api.capture(DecodeStep(model, spec, past_length_input=False), args)
     finally:
         shapes_log.setLevel(level)
     return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program)
+
+
+def _pipelines(rope_op: bool):
+    decode_pipe, prefill_pipe = default_pipeline(), default_pipeline()
+    for pipe in (decode_pipe, prefill_pipe):
+        pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
+    if not rope_op:  # the RoPE family is in the default pipeline; it fuses only the decode model
+        decode_pipe.remove_pass("fuse_rope")
+    return decode_pipe, prefill_pipe
+
+
+def _capture_prefill(model, spec, pipeline, quantize, weight_cache, length: int | None = None):
+    """A :class:`Prefill` model of ``length`` ids (default ``prefill_len``)."""
+    n = length or spec.prefill_len
+    args = (torch.zeros(1, n, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+    limits = {"max_seq_len": spec.max_seq_len, "inputs": {"last_index": {"index_range": [0, n - 1]}}}
+    if length is None:
+        limits["prefill_len"] = n
+    return _capture(Prefill(model, spec, length=length), args, ["input_ids", "last_index"], pipeline, quantize,
+                    limits, weight_cache)
+
+
+def _export_cached(model, spec, rope_op, quantize):
+    """(decode, prefill) carrying the states :func:`~circle_fx.llm.cache.probe_caches` finds;
+    decode None when a decode step would derive wrong positions (see :func:`_capture_decode`)."""
+    S = spec.max_seq_len
+    with model_errors(model):
+        spec.caches = probe_caches(model, spec)
+        if not spec.caches:
+            spec.recompute = f"no layer of {type(model).__name__} hands a state to the cache"
+            return None, None
+        spec.kv_in_place = slot_dependent(model, spec)
+        decode_pipe, prefill_pipe = _pipelines(rope_op)
+        caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
+        ids1, pos = torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        weights = {}  # both programs read the same parameters: each weight quantized once, stored once in memory
+        decode = _capture_decode(model, spec, (ids1, pos, caches), ["input_ids", "position", *spec.cache_names()],
+                                 decode_pipe, quantize,
+                                 {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
+        if decode is None:
+            return None, None
+        return decode, _capture_prefill(model, spec, prefill_pipe, quantize, weights)
+
+
+def _export_recompute(model, spec, rope_op, quantize):
+    """(decode, prefill) of a package that recomputes (``spec.recompute``): no state in or out;
+    the decode model is the prefill wrapper over the whole ``max_seq_len`` window and the host
+    keeps the ids. Both call the model with ``input_ids`` alone (as ``circle_fx.export`` does:
+    its own causal mask and positions, no cache), which is exact for a right-padded window only
+    if the model is causal: checked first."""
+    spec.caches, spec.kv_in_place = [], False
+    if not causal(model, spec):
+        raise InputError(f"{spec.recompute}, and export_llm cannot recompute it over a padded window: its logits at "
+                         f"a position depend on the tokens after it (not a causal decoder)")
+    decode_pipe, prefill_pipe = _pipelines(rope_op)
+    weights = {}
+    decode = _capture_prefill(model, spec, decode_pipe, quantize, weights, length=spec.max_seq_len)
+    return decode, _capture_prefill(model, spec, prefill_pipe, quantize, weights)
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
@@ -180,6 +250,16 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     the one saved next to the model's weights if the model was loaded from such a directory,
     ``None`` stores none (ids only). The generation config is stored in any case.
     Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
+
+    A model that cannot carry a cache through the decode model — its forward takes none (GPT-1,
+    RWKV's ``state`` is no ``Cache``), it has layer types export_llm carries no cache for
+    (DeepSeek-V4's compressed attention), its own code refuses or breaks on the cache (MiniMax
+    wants its own cache class; Bloom builds ALiBi from a 2-D mask), or it derives its positions
+    from the cache length as a Python number so a decode step would be wrong (MVP, RoFormer,
+    TrOCR: :func:`~circle_fx.llm.cache.decode_matches_prefill`) — gets a decode model that *recomputes*:
+    the prefill wrapper over the whole ``max_seq_len`` window, the host keeping the ids
+    (manifest ``decode.recompute``). Exact for a causal model (checked: a model whose logits
+    depend on later tokens is refused); each new token costs a ``max_seq_len``-token forward.
     """
     if DecodeStep is None:
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
@@ -187,36 +267,25 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     with model_errors(model):
         spec = model_spec(model, max_seq_len, prefill_len)
     text, assets = text_assets(default_tokenizer(model) if isinstance(tokenizer, str) and tokenizer == "auto" else tokenizer, model)
-    S, P = spec.max_seq_len, spec.prefill_len
     training = model.training
     model.eval()
     try:
-        with model_errors(model):
-            spec.caches = probe_caches(model, spec)
-            spec.kv_in_place = bool(spec.caches) and slot_dependent(model, spec)
-        if not spec.caches:
-            raise InputError(f"{type(model).__name__}: no layer calls Cache.update, so there is no KV cache to "
-                             "export (export_llm drives attention caches only)")
-        cache_names = spec.cache_names()
-        decode_pipe, prefill_pipe = default_pipeline(), default_pipeline()
-        for pipe in (decode_pipe, prefill_pipe):
-            pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
-        if not rope_op:  # the RoPE family is in the default pipeline; it fuses only the decode model
-            decode_pipe.remove_pass("fuse_rope")
-        caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
-        ids1 = torch.zeros(1, 1, dtype=torch.int32)
-        pos = torch.zeros(1, dtype=torch.int32)
-        weights = {}  # both programs read the same parameters: each weight quantized once, stored once in memory
-        with model_errors(model):
-            decode = _capture_decode(model, spec, (ids1, pos, caches), ["input_ids", "position", *cache_names],
-                                     decode_pipe, quantize,
-                                     {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
-            idsP = torch.zeros(1, P, dtype=torch.int32)
-            last = torch.zeros(1, dtype=torch.int32)
-            prefill = _capture(Prefill(model, spec), (idsP, last), ["input_ids", "last_index"], prefill_pipe,
-                               quantize, {"max_seq_len": S, "prefill_len": P,
-                                          "inputs": {"last_index": {"index_range": [0, P - 1]}}}, weights)
-        del weights
+        decode = prefill = None
+        if not spec.recompute:
+            try:
+                decode, prefill = _export_cached(model, spec, rope_op, quantize)
+            except (ModelError, CaptureError) as e:  # transformers' or the model's own code refused our cache
+                spec.recompute = f"its cached decode step fails: {(str(e).splitlines() or [''])[0]}"
+            else:
+                if decode is None and not spec.recompute:
+                    spec.recompute = (f"{type(model).__name__} derives its positions from the cache length as a "
+                                      "Python number (a decode step captured with a run-time length fails, with 0 "
+                                      "it is wrong)")
+        if spec.recompute:
+            warnings.warn(f"export_llm: the decode model recomputes the whole max_seq_len window each step: "
+                          f"{spec.recompute}", stacklevel=2)
+            with model_errors(model):
+                decode, prefill = _export_recompute(model, spec, rope_op, quantize)
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
@@ -282,5 +351,6 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
         "decode": {"file": "decode.circle", "limits": decode.builder.limits,
                    "inputs": mf.io_entries(decode.builder, "inputs"),
                    "outputs": mf.io_entries(decode.builder, "outputs"),
-                   "cache_writes": mf.cache_writes(spec.caches, "0 -> position", "position", 1)},
+                   "cache_writes": mf.cache_writes(spec.caches, "0 -> position", "position", 1),
+                   "recompute": mf.recompute_entry(spec.recompute)},
     }

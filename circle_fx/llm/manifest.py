@@ -29,7 +29,8 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
       "decode":  {"file": "decode.circle", "inputs": [IO...], "outputs": [IO...],
                   "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
                                     "first_cache_row": "position", "count": 1,
-                                    "rows": "0 -> position"}, ...]},
+                                    "rows": "0 -> position"}, ...],
+                  "recompute": null | {"why": "...", "cost": "..."}},  # see "Recompute" below
       "weights": {"quantize": {"weights", "embedding", "lm_head", "overrides": [[PATTERN, MODE], ...]} | null,
                   "prefill": {NAME: ENCODING, ...}, "decode": {NAME: ENCODING, ...},  # per quantized weight
                   "bits_per_weight": {ENCODING: bits, ...},
@@ -87,6 +88,14 @@ another layer's K/V (Gemma 3n / 4) has no cache, so ``i`` in ``key_cache_i`` is 
    write row 0 of every ``key_i``/``value_i`` output into its cache at row ``p``, and copy
    each ``replace`` state's output over its input.
 
+Recompute (``decode.recompute`` not null; absent in older packages = null): the model carries
+no state (``cache.names`` empty; its forward takes no cache, or would derive wrong positions
+from one). ``decode.circle`` then takes ``input_ids`` [1,S] (every id so far at positions
+0..p, right-padded with ``pad_token_id``) and ``last_index`` [1] = p, and returns the logits at
+p: the host keeps the ids and writes each new one at its position; prefill is as above, with
+nothing to copy. Exact for the causal decoders export_llm accepts; each step costs a forward
+over S ids.
+
 Text: encode a plain prompt with the tokenizer's own special tokens (its post-processor adds
 BOS if the model wants one); a chat prompt is the template rendered with ``messages``,
 ``add_generation_prompt=True`` and the special tokens, encoded without adding any. Decode
@@ -126,6 +135,16 @@ def states(caches) -> list[dict]:
     host carries it between calls."""
     return [{"name": c.name, "output": c.output, "kind": c.kind, "layer": c.layer, "index": c.index,
              "shape": list(c.shape), "dtype": "float32", "carry": c.carry} for c in caches]
+
+
+#: what a package that recomputes pays (manifest ``decode.recompute.cost``)
+RECOMPUTE_COST = ("no cache: every decode step runs the whole max_seq_len window (a max_seq_len-token forward "
+                  "per new token, like a prefill of max_seq_len ids), instead of one token against a cache")
+
+
+def recompute_entry(why: str | None) -> dict | None:
+    """``decode.recompute``: null when the decode model carries states; else why it cannot and the cost."""
+    return None if why is None else {"why": why, "cost": RECOMPUTE_COST}
 
 
 def cache_writes(caches, rows: str, first_cache_row, count) -> list[dict]:

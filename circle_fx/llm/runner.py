@@ -82,11 +82,13 @@ class LLMRunner:
         self._writes = [(w["output"], w["cache"], w.get("carry", "position")) for w in m["decode"]["cache_writes"]]
         # a model with conv / recurrent states prefills exact prompts only (manifest prefill.pads)
         self.prefill_pads = m["prefill"].get("pads", True)
-        # bound once; later only written in place
-        self._id = np.zeros((1, 1), np.int32)
+        # bound once; later only written in place. A package that recomputes (manifest
+        # decode.recompute) takes the whole window of ids and the position to read the logits at
+        self.recompute = bool(m["decode"].get("recompute"))
+        self._id = np.full((1, self.max_seq_len if self.recompute else 1), self.pad, np.int32)
         self._pos = np.zeros((1,), np.int32)
         self.decode.bind(din["input_ids"], self._id)
-        self.decode.bind(din["position"], self._pos)
+        self.decode.bind(din["last_index" if self.recompute else "position"], self._pos)
         for n in names:
             self.decode.bind(din[n], self.caches[n])
         # valid id ranges (circle_fx.limits, also in each file): the models clamp ids by default,
@@ -102,6 +104,8 @@ class LLMRunner:
     def reset(self) -> None:
         for c in self.caches.values():
             c.fill(0.0)
+        if self.recompute:
+            self._id.fill(self.pad)
 
     def run_prefill(self, ids: list[int]) -> np.ndarray:
         """Prefill positions ``0..len(ids)-1`` (``len(ids) <= prefill_len``); returns the last logits [V]."""
@@ -112,6 +116,8 @@ class LLMRunner:
         self._pids.fill(self.pad)
         self._pids[0, :n] = ids
         self._plast[0] = n - 1
+        if self.recompute:  # the decode window holds every id so far
+            self._id[0, :n] = ids
         self.prefill.run()
         if n < self.prefill_len and not self.prefill_pads:
             raise InputError(f"this model carries conv / recurrent state: its prefill takes exactly "
@@ -130,7 +136,7 @@ class LLMRunner:
                              "export with a larger --max-seq-len")
         if not self._id_range["decode"][0] <= token <= self._id_range["decode"][1]:
             check_index_range("input_ids", np.asarray([token]), self._id_range["decode"])
-        self._id[0, 0] = token
+        self._id[0, position if self.recompute else 0] = token
         self._pos[0] = position
         self.decode.run()
         for out, cache, carry in self._writes:
@@ -149,6 +155,8 @@ class LLMRunner:
     def prefill_pays(self, prompt_len: int) -> bool:
         """Is one (padded) prefill call cheaper than feeding the prompt's first
         ``prefill_len`` tokens as decode steps? A short prompt in a long prefill model is not."""
+        if self.recompute:  # a decode step runs a whole max_seq_len window: never cheaper
+            return True
         cost = self.PREFILL_COST_FIXED + self.PREFILL_COST_PER_ROW * self.prefill_len
         return min(prompt_len, self.prefill_len) >= cost
 
