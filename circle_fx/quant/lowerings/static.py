@@ -66,17 +66,24 @@ def q_linear_pc(ctx, node):
 def _fc(ctx, node, x, xs, w, w_scales: tuple, b, activation="none"):
     for v in (x, node):  # static shapes only: raises on a dynamic dim
         ctx.dims(v, static=True)
-    quant = ctx.quantization(node)
     bias = -1
     if b is not None:
-        # the scales the file holds
-        scales = np.float32(xs).astype(np.float64) * np.asarray(w_scales, np.float32).astype(np.float64)
-        bias_dtype = torch.int64 if ctx.dtype(x) == torch.int16 else torch.int32
-        bq = torch.round(ctx.constant(b).detach().double() / torch.from_numpy(scales)).to(bias_dtype)
-        qp = QuantParams(tuple(scales.tolist()), (0,) * len(scales), 0)
-        bias = ctx.const(bq.numpy(), "bias_q", quantization=qp)
-    fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=quant,
+        ints, qp = int_bias(ctx, b, xs, w_scales, torch.int64 if ctx.dtype(x) == torch.int16 else torch.int32)
+        bias = ctx.const(ints.numpy(), "bias_q", quantization=qp)
+    fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=ctx.quantization(node),
                     activation=activation)
+
+
+def int_bias(ctx, b, xs, w_scales: tuple, dtype=torch.int32) -> tuple[torch.Tensor | None, QuantParams]:
+    """The float bias constant ``b`` as the integers an integer FULLY_CONNECTED / CONV_2D adds to
+    its accumulator (None when ``b`` is None), and their parameters: scale ``s_x * s_w`` (one per
+    weight scale), zero point 0. The scales are the float32 ones the file holds, multiplied in
+    float64. ``dtype``: int32, int64 under int16 activations (TFLite's 16x8 kernels)."""
+    scales = np.float32(xs).astype(np.float64) * np.asarray(w_scales, np.float32).astype(np.float64)
+    qp = QuantParams(tuple(scales.tolist()), (0,) * len(scales))
+    if b is None:
+        return None, qp
+    return torch.round(ctx.constant(b).detach().double() / torch.from_numpy(scales)).to(dtype), qp
 
 
 @lowering(qops.q_add, qops.q_mul)
@@ -116,10 +123,6 @@ def q_conv2d(ctx, node):
         raise ctx.error(f"a quantized convolution is lowered for uint8 input and weight only (what onert 0.1.0 "
                         f"computes right), not {ctx.dtype(x)} x {None if weight is None else weight.dtype}: "
                         "quantize convolutions with uint8 activations (quant_target='onert')")
-    bias = None
-    if b is not None:
-        scale = float(np.float32(xs)) * float(np.float32(ws))
-        bias = torch.round(ctx.constant(b).detach().double() / scale).to(torch.int32)
-    bias_quant = QuantParams((float(np.float32(xs)) * float(np.float32(ws)),), (0,))
+    bias, bias_quant = int_bias(ctx, b, xs, (ws,))
     convolution(ctx, node, x, weight.detach(), bias, stride, pads, dilation, groups, activation, w.target,
                 quant=QuantParams((ws,), (wzp,)), bias_quant=bias_quant)
