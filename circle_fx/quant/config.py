@@ -67,7 +67,8 @@ class QuantConfig:
       ``skip``; the first matching pattern wins, over ``weights`` and ``lm_head``. For mixed
       precision measured per tensor, e.g. ``{"*.mlp.down_proj": "q8_0"}`` with ``weights="q4_0"``
       (llama.cpp's Q4_K_M keeps ``ffn_down`` at higher precision likewise). Merged weights
-      (``merge_linears``: q/k/v, gate/up) match when any member does. An unmatched pattern is an error.
+      (``merge_linears``: q/k/v, gate/up) match when any member does. A convolution weight follows its
+      override too (None: float; any mode: int8 per channel). An unmatched pattern is an error.
     - ``sensitive``: the mode (one of ``WEIGHT_MODES``) of the linears quantization hurts most:
       those ``SENSITIVE_LINEARS`` names, and every linear of the first and last ``end_layers``
       decoder layers (a layer is the first number after a dotted name, ``model.layers.<i>``,

@@ -28,9 +28,9 @@ Tied weights (one tensor used by a linear and an embedding: Llama's ``lm_head`` 
 fixes the sign after DEQUANTIZE (see the lowering), so the file holds the table once.
 
 Convolutions (``circle.conv2d_nhwc``, what the NHWC decompositions and the Conv+BN / Conv+ReLU
-families leave) follow ``QuantConfig.weights``: any mode quantizes their 4-D weight to int8
-with one symmetric scale per output channel (GGML blocks have no convolution kernel) and
-rewrites them to ``circle.conv2d_w8``: onert's hybrid CONV_2D / DEPTHWISE_CONV_2D apply
+families leave) follow ``QuantConfig.weights`` or an override, as linears do: any mode quantizes
+their 4-D weight to int8 with one symmetric scale per output channel (GGML blocks have no
+convolution kernel) and rewrites them to ``circle.conv2d_w8``: onert's hybrid CONV_2D / DEPTHWISE_CONV_2D apply
 per-channel scales correctly (``benchmarks/onert_conv_int8.py``), unlike its hybrid FC.
 
 A weight is left float, with the reason recorded, when a skip pattern matches it, when it
@@ -235,19 +235,20 @@ class QuantizeWeights(Pass):
                                             if _uses(a)[0]) if i is not None), default=-1)
         for attr in attrs:
             w = program.constant(attr)
-            if isinstance(w, torch.Tensor) and w.dim() == 4 and w.dtype == torch.float32 and _conv_uses(attr):
-                changed |= self._conv(program, attr, w, names.get(attr.target, attr.target), record, matched)
+            if not isinstance(w, torch.Tensor) or w.dtype != torch.float32:
                 continue
-            if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32:
-                continue
-            linears, embeddings, others = _uses(attr)
-            if not linears and not embeddings:
-                continue
+            conv = w.dim() == 4 and _conv_uses(attr)
+            if not conv:
+                if w.dim() != 2:
+                    continue
+                linears, embeddings, others = _uses(attr)
+                if not linears and not embeddings:
+                    continue
             name = names.get(attr.target, attr.target)
-            hits = [p for p in cfg.skip if _matches(p, name)]
-            if hits:
-                matched.update(hits)
-                record.skipped.append((name, f"matches skip pattern {hits[0]!r}"))
+            if self._skipped(name, record, matched):
+                continue
+            if conv:
+                changed |= self._conv(program, attr, w, name, record)
                 continue
             lin, emb = self._modes(w, name, linears, embeddings, record)
             reason = self._keep_float(lin, linears, embeddings, others)
@@ -269,20 +270,32 @@ class QuantizeWeights(Pass):
         program.notes[NOTES_KEY] = record
         return changed
 
-    def _conv(self, program, attr, w, name, record, matched) -> bool:
-        """Per-output-channel int8 for a weight only convolutions read (see the module docstring)."""
-        cfg = self.config
-        mode = next((m for p, m in cfg.overrides if _matches(p, name)), cfg.weights)
-        hits = [p for p in cfg.skip if _matches(p, name)]
-        if hits or mode is None:
+    def _skipped(self, name, record, matched) -> bool:
+        """Does a ``QuantConfig.skip`` pattern keep weight ``name`` float? Recorded, as the patterns
+        that matched something (an unmatched one is an error)."""
+        hits = [p for p in self.config.skip if _matches(p, name)]
+        if hits:
             matched.update(hits)
-            record.skipped.append((name, f"matches skip pattern {hits[0]!r}" if hits else
+            record.skipped.append((name, f"matches skip pattern {hits[0]!r}"))
+        return bool(hits)
+
+    def _override(self, name, record) -> tuple[str, str | None] | None:
+        """The first ``QuantConfig.overrides`` ``(pattern, mode)`` matching weight ``name``
+        (recorded for ``summary()`` and the unmatched-pattern check), or None."""
+        hit = next(((p, m) for p, m in self.config.overrides if _matches(p, name)), None)
+        if hit:
+            record.overridden.setdefault(hit[0], []).append(name)
+        return hit
+
+    def _conv(self, program, attr, w, name, record) -> bool:
+        """Per-output-channel int8 for a weight only convolutions read (see the module docstring);
+        its mode is ``QuantConfig.weights`` or an override's, as for a linear."""
+        hit = self._override(name, record)
+        mode = hit[1] if hit else self.config.weights
+        if mode is None:
+            record.skipped.append((name, f"override {hit[0]!r} keeps it float" if hit else
                                    "convolution weights follow QuantConfig.weights=None"))
             return False
-        for p, m in cfg.overrides:
-            if _matches(p, name):
-                record.overridden.setdefault(p, []).append(name)
-                break
         batches = {_batch(u) for u in attr.users}
         if None in batches:
             record.skipped.append((name, "a convolution with a dynamic batch: onert 0.1.0's hybrid int8 "
@@ -328,11 +341,10 @@ class QuantizeWeights(Pass):
         if linears and not lm_head and cfg.sensitive and self._sensitive(name):
             record.sensitive.append(name)
             lin = cfg.sensitive
-        hit = next(((p, m) for p, m in cfg.overrides if _matches(p, name)), None) if linears else None
+        hit = self._override(name, record) if linears else None
         if hit:
             if record.sensitive[-1:] == [name]:
                 record.sensitive.pop()
-            record.overridden.setdefault(hit[0], []).append(name)
             lin = hit[1]
         emb = cfg.embedding if embeddings else None
         cols = w.shape[1]

@@ -124,6 +124,21 @@ def test_conv_weights_follow_skip_and_weights_none():
         assert _rel(cm.run(x)[0], model(x).numpy()) <= 0.03
 
 
+def test_conv_weights_follow_overrides_as_linears_do():
+    """``QuantConfig.overrides`` decide a convolution's mode as they decide a linear's: an override
+    to None keeps it float and counts as a match (it used to be reported as ``weights=None`` and
+    then refused as a pattern matching nothing); a GGML mode becomes int8 per channel."""
+    torch.manual_seed(0)
+    model = _Convs().eval()
+    x = torch.randn(1, 3, 16, 16)
+    cm = circle_fx.export(model, (x,), quantize=QuantConfig(overrides={"stem*": None, "dw*": "q8_0"}), verbose=False)
+    record = cm.report.quantization
+    assert dict(record.skipped) == {"stem.weight": "override 'stem*' keeps it float"}, record.skipped
+    assert record.overridden == {"stem*": ["stem.weight"], "dw*": ["dw.weight"]}
+    assert [n for n, _ in record.fallbacks] == ["dw.weight"] and "q8_0 -> int8 per channel" in record.fallbacks[0][1]
+    assert sorted(q[0] for q in record.quantized) == ["c1.weight", "dw.weight", "grouped.weight"]
+
+
 def _tiny_resnet():
     from transformers import ResNetConfig, ResNetForImageClassification
 
