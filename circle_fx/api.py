@@ -10,7 +10,7 @@ from .emit.writer import serialize
 from .errors import InputError
 from .model import CircleModel, ExportReport
 from .precision import check_precision
-from .passes import default_pipeline, finalize_pipeline, run_passes
+from .passes import FoldConstants, default_pipeline, finalize_pipeline, run_passes
 from .program import Program
 from .progress import NullProgress, print_timings, progress_for
 from .quant.config import QuantConfig, resolve_quantize
@@ -89,8 +89,9 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
 
     A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
     (:func:`circle_fx.quant.qdq.bracket`), so fusions see through them.
-    ``quantize`` appends the weight quantization pass after ``passes`` (so fusions and any
-    weight merging see float weights, and merged weights get one scale per merged row).
+    ``quantize`` appends constant folding and the weight quantization pass after ``passes`` (so
+    fusions and any weight merging see float weights, merged weights get one scale per merged
+    row, and a weight a fusion left as a constant expression is one constant by then).
     ``verify`` as for :func:`export`: inline models are checked here; a model with external
     weights (> 2 GB) is checked when saved, on the written file, before it is renamed into place.
     ``weight_cache``: one dict passed to several lowerings of the same model's weights (export_llm's
@@ -110,7 +111,10 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     if quantize is not None:
         from .quant.weight_only import QuantizeWeights
 
-        pipeline.append(QuantizeWeights(quantize, cache=weight_cache))
+        # fold first: a fusion may leave a weight as a constant expression for the final fold
+        # (conv_batch_norm's ``w * scale``), which the pass would otherwise see as a non-constant
+        # operand and leave float; folded, it is one constant named after its parameter
+        pipeline += [FoldConstants(), QuantizeWeights(quantize, cache=weight_cache)]
     finalize = finalize_pipeline()
     progress.stage("passes", len(pipeline) + len(finalize))
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass

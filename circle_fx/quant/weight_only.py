@@ -53,7 +53,6 @@ from ..circle.schema import QuantParams
 from ..errors import InputError
 from ..fx_utils import arguments, fake_constant, make_node
 from ..passes.base import Pass
-from ..passes.fold_constants import FoldConstants
 from ..program import StackedTensor, add_constant, row_chunks
 from .config import QuantConfig
 from ..circle import ggml
@@ -220,12 +219,6 @@ class QuantizeWeights(Pass):
     def run(self, program) -> bool:
         cfg = self.config
         gm, g = program.gm, program.graph
-        if any(n.target is conv2d_nhwc and isinstance(n.args[1], fx.Node) and n.args[1].op != "get_attr"
-               for n in g.nodes):
-            # conv_batch_norm leaves a folded weight as ``w * scale`` of constants for the final
-            # fold pass: fold now, so the int8 weight is computed from the one float weight
-            # (named after the parameter it came from: FoldConstants keeps the name)
-            FoldConstants().run(program)
         names = gm.meta.get(CONSTANT_NAMES, {})
         record = QuantizationRecord(cfg)
         matched = set()
