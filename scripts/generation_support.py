@@ -21,8 +21,8 @@ each family that ``circle_fx.export`` runs (its row in ``docs/model-support.json
 - EOS: the token transformers generates third becomes the EOS id of both, which must then stop
   at the same place (transformers includes the EOS token in the output; so must the runner);
 - the generation config's logits processors (forced EOS / BOS, suppressed or bad words, n-gram
-  and repetition penalties) are off in the reference (:data:`NO_PROCESSORS`): the runner's greedy
-  applies none, so both sides pick the plain argmax.
+  and repetition penalties) are off in the reference: the runner's greedy applies none, so both
+  sides pick the plain argmax (``greedy_reference.py``, the comparison the generation tests make too).
 
 Models are built as decoders (``hf_families.build(decoder=True)``: ``config.is_decoder`` set
 where the config has it): BERT-style ``…ForCausalLM`` classes default to ``is_decoder=False``,
@@ -53,6 +53,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
 import hf_families as hf  # noqa: E402
+from greedy_reference import compare, hf_greedy  # noqa: E402
 import model_support as ms  # noqa: E402
 
 PREFILL_LEN = 4
@@ -69,16 +70,6 @@ OUT = os.path.join(ROOT, "docs", "generation-support")
 def _export_rows() -> dict[str, dict]:
     with open(EXPORT_TABLE) as fh:
         return {r["family"]: r for r in json.load(fh)}
-
-
-#: logits processors a model's generation config may switch on (BART / Marian / Pegasus set
-#: ``forced_eos_token_id``: the last token allowed by ``max_new_tokens`` is forced to EOS) are
-#: switched off in the reference, because ``LLMRunner.generate`` applies none of them: both
-#: sides then pick the plain argmax and stop only at the EOS ids given (the comparison is of
-#: the models, not of generation-config policies)
-NO_PROCESSORS = dict(forced_bos_token_id=None, forced_eos_token_id=None, suppress_tokens=None,
-                     begin_suppress_tokens=None, bad_words_ids=None, no_repeat_ngram_size=None,
-                     repetition_penalty=None)
 
 
 #: a family whose tokens match but whose logits differ from transformers' by more than this is
@@ -120,19 +111,8 @@ def _max_diff(a, b) -> float:
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
-def _hf_generate(model, ids: list[int], eos):
-    import torch
-
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True, **NO_PROCESSORS)
-    return out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
-
-
 def check(fam: hf.HfFamily) -> dict:
     """Everything the table says about one family (runs in the child process)."""
-    import numpy as np
     import torch
 
     import circle_fx
@@ -154,7 +134,7 @@ def check(fam: hf.HfFamily) -> dict:
     refs = {}
     try:
         for name, ids in PROMPTS.items():
-            refs[name] = _hf_generate(model, ids, eos=None)
+            refs[name] = hf_greedy(model, ids, NEW_TOKENS)
     except Exception as e:
         return {**row, "status": "no reference", "reason": f"transformers' generate fails: {type(e).__name__}: "
                                                            f"{ms._first_line(e)}"}
@@ -174,15 +154,12 @@ def check(fam: hf.HfFamily) -> dict:
             pkg.save(d)
             runner = pkg.runner()
             for name, ids in PROMPTS.items():
-                want, scores = refs[name]
-                for use_prefill in (True, False):
-                    got, logits = runner.generate(ids, NEW_TOKENS, eos_token_ids=[], return_logits=True,
-                                                  use_prefill=use_prefill)
+                for g in compare(runner, model, [ids], NEW_TOKENS, refs=[refs[name]]):
+                    got, want, k = g.got, g.want, g.first_difference
                     # the runner's split: prefill (exact-length prompts only without padding), then steps
-                    first = min(PREFILL_LEN, len(ids)) if use_prefill and (pads or len(ids) >= PREFILL_LEN) else 1
-                    if got != want:
-                        k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b) - len(ids)
-                        how = "prefill" if use_prefill else "decode steps"
+                    first = min(PREFILL_LEN, len(ids)) if g.use_prefill and (pads or len(ids) >= PREFILL_LEN) else 1
+                    if k is not None:
+                        how = "prefill" if g.use_prefill else "decode steps"
                         same = _hf_chunked(model, ids, first)[0] == got
                         split = ("; transformers itself generates the runner's tokens when fed the prompt as the runner "
                                  f"does ({first} token(s) in one forward, then one a step): its result depends on how "
@@ -190,14 +167,13 @@ def check(fam: hf.HfFamily) -> dict:
                         return {**row, "status": "split" if same else "mismatch",
                                 "reason": f"{name} prompt through {how}: new token {k} is {got[len(ids) + k]}, "
                                           f"transformers {want[len(ids) + k]}{split}"}
-                    d_run = _max_diff(logits, scores)
-                    diff = max(diff, d_run)
-                    if d_run > LOGIT_TOL:
+                    diff = max(diff, g.logit_diff)
+                    if g.logit_diff > LOGIT_TOL:
                         seq, seen = _hf_chunked(model, ids, first)
-                        split_diff = max(split_diff, _max_diff(logits, seen) if seq == got else float("inf"))
+                        split_diff = max(split_diff, _max_diff(g.logits, seen) if seq == got else float("inf"))
             ids = PROMPTS["long"]
             eos = refs["long"][0][len(ids) + 2]  # the third new token
-            want, _ = _hf_generate(model, ids, eos=eos)
+            want, _ = hf_greedy(model, ids, NEW_TOKENS, eos=eos)
             got = runner.generate(ids, NEW_TOKENS, eos_token_ids=[eos], use_prefill=True)
             if got != want:
                 return {**row, "status": "mismatch", "reason": f"EOS {eos}: onert stops after {len(got) - len(ids)} "

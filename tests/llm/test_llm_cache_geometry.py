@@ -10,7 +10,6 @@ import os
 import sys
 
 import pytest
-import torch
 
 import circle_fx
 from llm_models import tiny
@@ -19,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import hf_families as hf  # noqa: E402
+from greedy_reference import assert_generates_like_transformers  # noqa: E402
 
 PROMPTS = ([5, 17, 9, 33, 42, 100, 7],)  # longer than P: prefill, then decode steps
 NEW, S, P = 8, 16, 4
@@ -29,14 +29,7 @@ def _generate_like_transformers(family: str, cls: str, tmp_path):
     model.config.use_cache = True
     pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None)
     pkg.save(tmp_path)
-    runner = pkg.runner()
-    for ids in PROMPTS:
-        with torch.no_grad():
-            want = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                                  pad_token_id=0)[0].tolist()
-        for use_prefill in (True, False):
-            got = runner.generate(ids, NEW, eos_token_ids=[], use_prefill=use_prefill)
-            assert got == want, f"{family} prompt {ids} prefill={use_prefill}: {got[len(ids):]} vs {want[len(ids):]}"
+    assert_generates_like_transformers(pkg.runner(), model, PROMPTS, NEW, logit_tol=None, label=family)
     return model, pkg.manifest
 
 

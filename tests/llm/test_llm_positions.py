@@ -10,9 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import pytest
-import torch
 
 import circle_fx
 
@@ -20,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import hf_families as hf  # noqa: E402
+from greedy_reference import assert_generates_like_transformers  # noqa: E402
 
 PROMPTS = ([5, 17, 9], [5, 17, 9, 33, 42, 100, 7])  # shorter and longer than P
 NEW, S, P = 6, 16, 4
@@ -33,18 +32,7 @@ def test_positions_from_cache_length_generate_exactly(family, cls, tmp_path):
     assert "position_ids" not in model.model.decoder.forward.__code__.co_varnames  # the case under test
     pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None)
     pkg.save(tmp_path)
-    runner = pkg.runner()
-    for ids in PROMPTS:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                                 forced_eos_token_id=None, pad_token_id=0, output_scores=True,
-                                 return_dict_in_generate=True)
-        want, scores = out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
-        for use_prefill in (True, False):
-            got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
-            assert got == want, f"{family} prompt {ids} prefill={use_prefill}: {got[len(ids):]} vs {want[len(ids):]}"
-            diff = max(float(np.abs(g - s).max()) for g, s in zip(logits, scores))
-            assert diff < 1e-3, f"{family} prompt {ids} prefill={use_prefill}: logits differ by {diff}"
+    assert_generates_like_transformers(pkg.runner(), model, PROMPTS, NEW, logit_tol=1e-3, label=family)
 
 
 @pytest.mark.slow
@@ -63,13 +51,4 @@ def test_mpt_alibi_by_key_slot_generates_exactly(tmp_path):
     model.config.use_cache = model.generation_config.use_cache = True
     pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None)
     pkg.save(tmp_path)
-    runner = pkg.runner()
-    for ids in PROMPTS:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-        want, scores = out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
-        for use_prefill in (True, False):
-            got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
-            assert got == want, f"mpt prompt {ids} prefill={use_prefill}: {got[len(ids):]} vs {want[len(ids):]}"
-            assert max(float(np.abs(g - s).max()) for g, s in zip(logits, scores)) < 1e-3
+    assert_generates_like_transformers(pkg.runner(), model, PROMPTS, NEW, logit_tol=1e-3, label="mpt")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,16 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import hf_families as hf  # noqa: E402
+from greedy_reference import assert_generates_like_transformers, hf_greedy  # noqa: E402
 
 PROMPTS = ([5, 17, 9], [5, 17, 9, 33, 42, 100, 7])  # shorter and longer than P
 NEW, S, P = 6, 16, 4
-
-
-def _reference(model, ids):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-    return out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
 
 
 def _build(family, cls):
@@ -45,14 +38,7 @@ def _generates_like_transformers(family: str, cls: str, tmp_path):
     model = _build(family, cls)
     pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None)
     pkg.save(tmp_path)
-    runner = pkg.runner()
-    for ids in PROMPTS:
-        want, scores = _reference(model, ids)
-        for use_prefill in (True, False):
-            got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
-            assert got == want, f"{family} prompt {ids} prefill={use_prefill}: {got[len(ids):]} vs {want[len(ids):]}"
-            diff = max(float(np.abs(g - s).max()) for g, s in zip(logits, scores))
-            assert diff < 1e-4, f"{family} prompt {ids} prefill={use_prefill}: logits differ by {diff}"
+    assert_generates_like_transformers(pkg.runner(), model, PROMPTS, NEW, logit_tol=1e-4, label=family)
     return model, pkg.manifest
 
 
@@ -72,7 +58,7 @@ def test_graph_cache_carries_lfm2_conv_state_like_transformers():
     conv = next(c for c in spec.caches if c.kind == "conv")
     assert conv.shape == (1, model.config.hidden_size, model.config.conv_L_cache) and conv.name == "conv_cache_0"
     ids = PROMPTS[1]
-    want, scores = _reference(model, ids)
+    want, scores = hf_greedy(model, ids, NEW)
     state = {c.key: torch.zeros(c.shape) for c in spec.caches}
     with torch.no_grad():
         out = Prefill(model, spec)(torch.tensor([ids[:P]], dtype=torch.int32), torch.tensor([P - 1], dtype=torch.int32))
