@@ -25,7 +25,9 @@ correctly); RMS_NORM stays a float island (onert has no integer RMS_NORM). ``"np
 fuses RMS_NORM into one quantized op (uint8 or int8 input, gamma and output; an unweighted
 norm gets a gamma of ones), for NPU compilers; no public runtime runs that file. Every
 RMSNorm the npu target leaves float (and every mean of squares that did not fuse into one)
-is noted, with why, in ``program.notes[NOTES_KEY]``, which ``summary()`` prints.
+is noted, with why, in ``program.notes[NOTES_KEY]``, which ``summary()`` prints; so is, on
+either target, every convolution the quantizer quantized that stays a float island (integer
+convolutions are lowered for uint8 x uint8 per tensor only: the npu target's int16 ones stay float).
 """
 from __future__ import annotations
 
@@ -221,6 +223,7 @@ class QDQLower(_TargetPass):
                 changed = True
         if self.target == "npu":
             report_float_norms(program, self._refused)
+        report_float_convs(program, self.target)
         for n in g.nodes:
             if is_q(n):
                 s, zp, _ = _params(n)
@@ -408,3 +411,44 @@ def report_float_norms(program, refused: dict) -> None:
     notes = program.notes.setdefault(NOTES_KEY, [])
     for head, where in groups.items():
         notes.append(f"quant_target='npu': {len(where)} {head}; at {', '.join(dict.fromkeys(where))}")
+
+
+def _conv_refusal(conv: fx.Node) -> str | None:
+    """Why a convolution whose operands the quantizer quantized was not fused into ``q_conv2d``
+    (None: nothing of it is quantized, a float convolution by choice): every operand that is not
+    what the integer lowering takes."""
+    x, w = conv.args[0], conv.args[1]
+    tag = w.meta.get(DEQUANTIZED_FROM) if isinstance(w, fx.Node) and w.op == "get_attr" else None
+    if tag is None and not is_dq(x):
+        return None
+    problems = []
+    if not is_dq(x):
+        problems.append("its input is not dequantized (e.g. the float model input's layout permute)")
+    elif _params(x)[2] != torch.uint8:
+        problems.append(f"its input is {_params(x)[2]}")
+    if tag is None:
+        problems.append("its weight is not quantized")
+    elif tag[1] != torch.uint8 or tag[0].per_channel:
+        problems.append(f"its weight is {tag[1]} {'per channel' if tag[0].per_channel else 'per tensor'}")
+    out = list(conv.users)
+    if not (len(out) == 1 and is_q(out[0])):
+        problems.append("its result is not quantized")
+    if not problems:
+        problems.append("its bias is computed at run time, not a constant")
+    return "integer convolutions are lowered for uint8 input and weight per tensor only (q_conv2d): " + \
+        ", ".join(problems)
+
+
+def report_float_convs(program, target: str) -> None:
+    """Note in ``program.notes`` every convolution the quantizer quantized (a dequantized input or
+    weight) that ``QDQLower`` left float, with why: the file then has a float CONV_2D between
+    DEQUANTIZE and QUANTIZE where the quantizer asked for an integer one."""
+    groups: dict[str, list[str]] = {}
+    for n in program.gm.graph.nodes:
+        why = _conv_refusal(n) if n.op == "call_function" and n.target is conv2d_nhwc else None
+        if why is not None:
+            groups.setdefault(why, []).append(source_line(n))
+    notes = program.notes.setdefault(NOTES_KEY, [])
+    for why, where in groups.items():
+        notes.append(f"quant_target={target!r}: {len(where)} convolution(s) stay float32 between DEQUANTIZE "
+                     f"and QUANTIZE: {why}; at {', '.join(dict.fromkeys(where))}")

@@ -163,3 +163,26 @@ def test_int16_per_tensor_weights():
         assert [len(cf.tensors[i].quantization.scale) for i in fc.inputs] == [1, 1, 1]
     (got,) = reference.run(cm.to_bytes(), [x.numpy()])
     assert np.abs(got - c(x).detach().numpy()).max() / output_scale(cf) <= 1.0 + 1e-3
+
+
+def test_int16_convolutions_stay_float_and_summary_says_so():
+    """The int16 scheme annotates convolutions too, but integer convolutions are lowered for
+    uint8 x uint8 per tensor only: on the npu target they stay float CONV_2Ds between DEQUANTIZE
+    and QUANTIZE, and ``summary()`` names them and why (they used to be left float silently)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 4, 1))  # no ReLU: the
+    # reference evaluates no fused activation
+    x = torch.randn(1, 3, 8, 8)
+    c = quantize_pt2e(model, (x,), _calibration(x.shape), CircleQuantizer(activation_dtype="int16"))
+    cm = circle_fx.export(c, (x,), quant_target="npu")
+    cf = read(cm)
+    convs = ops_named(cf, "CONV_2D")
+    assert len(convs) == 2 and all(cf.tensors[op.inputs[1]].type_name == "FLOAT32" for op in convs)
+    notes = [n for n in cm.report.notes if "convolution(s) stay float32" in n]
+    # one note per reason: the first convolution reads the input's layout permute, the second int16
+    assert sum(int(n.split(": ")[1].split()[0]) for n in notes) == 2, notes
+    assert all(n.startswith("quant_target='npu'") and "torch.int8 per channel" in n for n in notes), notes
+    assert any("its input is torch.int16" in n for n in notes), notes
+    assert all(f"note: {n}" in cm.summary() for n in notes)
+    (got,) = reference.run(cm.to_bytes(), [x.numpy()])
+    assert np.abs(got - c(x).detach().numpy()).max() / output_scale(cf) <= 1.0 + 1e-3

@@ -230,5 +230,9 @@ def test_pt2e_convolutions_are_uint8_and_match_fake_quant():
             assert bias.type_name == "INT32" and not cf.tensors[op.inputs[1]].quantization.per_channel
     hist = cm.op_histogram()
     assert not {"PAD", "PADV2", "RELU", "MAXIMUM", "MINIMUM"} & set(hist), hist
+    # the float stem is named in summary(), with why
+    (note,) = [n for n in cm.report.notes if "convolution(s) stay float32" in n]
+    assert note.startswith("quant_target='onert': 1 convolution(s)") and "its input is not dequantized" in note
+    assert "self.stem(x)" in note, note
     with torch.no_grad():
         assert _rel(cm.run(x)[0], model(x).numpy()) <= 0.05
