@@ -42,25 +42,25 @@ def generates_like_transformers(model, directory, prompts=([5, 17, 9], [5, 17, 9
     """export_llm ``model``, then for each prompt generate ``new`` greedy tokens with
     ``LLMRunner.generate`` in onert, through the prefill model and through decode steps only,
     and assert transformers' ``model.generate`` picks the same tokens from the same logits
-    (within ``atol``). Returns the package's manifest."""
-    import numpy as np
-
+    (within ``atol``; ``scripts/greedy_reference.py``). Returns the package's manifest."""
     import circle_fx
 
     model.config.use_cache = True
     model.generation_config.use_cache = True
     pkg = circle_fx.export_llm(model, max_seq_len=max_seq_len, prefill_len=prefill_len, tokenizer=None)
     pkg.save(directory)
-    runner = pkg.runner()
-    for ids in prompts:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-        want, scores = out.sequences[0].tolist(), [s[0].numpy() for s in out.scores]
-        for use_prefill in (True, False):
-            got, logits = runner.generate(ids, new, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
-            where = f"prompt {ids} prefill={use_prefill}"
-            assert got == want, f"{where}: {got[len(ids):]} vs transformers {want[len(ids):]}"
-            diff = max(float(np.abs(g - s).max()) for g, s in zip(logits, scores))
-            assert diff < atol, f"{where}: logits differ by {diff}"
+    greedy_reference().assert_generates_like_transformers(pkg.runner(), model, prompts, new, logit_tol=atol)
     return pkg.manifest
+
+
+def greedy_reference():
+    """``scripts/greedy_reference.py``: the one comparison of onert's greedy generation with
+    transformers', shared with ``scripts/generation_support.py``."""
+    import importlib
+    import os
+    import sys
+
+    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("greedy_reference")

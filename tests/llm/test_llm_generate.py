@@ -8,12 +8,10 @@ context, so its per-layer-type masks are exercised, not just present.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 
 import circle_fx
-from llm_models import tiny
+from llm_models import greedy_reference, tiny
 
 PROMPTS = {"one_token": [5], "padded": [5, 17, 9, 33, 2, 100], "longer_than_prefill": [5, 17, 9, 33, 2, 100, 7, 8, 9,
                                                                                      10, 11]}
@@ -40,15 +38,5 @@ def test_fused_ops(exported):
 @pytest.mark.parametrize("prompt", list(PROMPTS))
 def test_same_tokens_as_transformers(exported, prompt):
     family, model, pkg, runner = exported
-    ids = torch.tensor([PROMPTS[prompt]])
-    with torch.no_grad():
-        ref = model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                             output_scores=True, return_dict_in_generate=True)
-    want = ref.sequences[0].tolist()
-    assert len(want) == len(ids[0]) + NEW
-    for use_prefill in (True, False):  # the prompt through the prefill model, or through decode steps
-        got, logits = runner.generate(ids, NEW, eos_token_ids=[], return_logits=True, use_prefill=use_prefill)
-        where = f"{family}/{prompt}/prefill={use_prefill}"
-        assert got == want, f"{where}: onert {got[len(ids[0]):]} vs transformers {want[len(ids[0]):]}"
-        diff = max(float(np.abs(g - s[0].numpy()).max()) for g, s in zip(logits, ref.scores))
-        assert diff < 1e-4, f"{where}: logits differ by {diff}"
+    greedy_reference().assert_generates_like_transformers(runner, model, [PROMPTS[prompt]], NEW, logit_tol=1e-4,
+                                                          label=f"{family}/{prompt}")
