@@ -143,8 +143,21 @@ def fake_mode_of(graph: fx.Graph, args: tuple = (), kwargs: dict | None = None):
     return _FAKE_MODES[graph]
 
 
-#: per fake mode: (dtype, shape, strides) of a constant -> its (shared, read-only) fake value
-_CONSTANTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+#: per graph: the memo dicts of :func:`graph_cache`
+_GRAPH_CACHES: "weakref.WeakKeyDictionary[fx.Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def graph_cache(graph: fx.Graph, kind: str) -> dict:
+    """The memo ``kind`` of ``graph`` (fake values shared by its nodes), gone with the graph.
+
+    Keyed by the graph, not by its fake mode: the values are fake tensors, which refer to their
+    mode, so in a ``WeakKeyDictionary`` keyed by the mode each entry kept its own key alive, and
+    every export's FakeTensorMode and cached fake values stayed in memory for good. Nor stored on
+    the mode: that cycle runs through tensors, which the garbage collector does not break
+    (measured: still one mode more per export). Nothing of the mode refers to the graph, so the
+    entry goes with the graph (``tests/passes/test_infer_val.py``). One Program has one graph
+    for all its passes, so the memo is shared as widely as before."""
+    return _GRAPH_CACHES.setdefault(graph, {}).setdefault(kind, {})
 
 
 def fake_constant(graph: fx.Graph, tensor: torch.Tensor):
@@ -161,15 +174,11 @@ def fake_constant(graph: fx.Graph, tensor: torch.Tensor):
     if mode is None:
         return tensor
     key = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.device.type)
-    cache = _CONSTANTS.setdefault(mode, {})
+    cache = graph_cache(graph, "constants")  # (dtype, shape, strides, device) -> fake value
     if key not in cache:
         like = torch.empty_strided(key[1], key[2], dtype=tensor.dtype, device=tensor.device)
         cache[key] = mode.from_tensor(like, static_shapes=True)
     return cache[key]
-
-
-#: per fake mode: (target, signature of the inputs) -> the fake value computed for it
-_VALUES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 class _Uncacheable(Exception):
@@ -198,8 +207,8 @@ def _signature(x: Any):
 def infer_val(graph: fx.Graph, target, args: tuple, kwargs: dict):
     """Run ``target`` on the fake values of its inputs to get the output's fake value.
 
-    Memoized per fake mode on the inputs' dtypes, static shapes and strides and the other
-    arguments' values: a model's layers repeat the same ops on the same shapes, and a fake
+    Memoized per graph (:func:`graph_cache`) on the inputs' dtypes, static shapes and strides
+    and the other arguments' values: a model's layers repeat the same ops on the same shapes, and a fake
     evaluation (torch's dispatch, cache-key hashing, a new FakeTensor) costs far more than
     the lookup. Nodes with equal signatures then share one (read-only) fake value.
     """
@@ -213,12 +222,12 @@ def infer_val(graph: fx.Graph, target, args: tuple, kwargs: dict):
         except (_Uncacheable, TypeError):
             key = None
         if key is not None:
-            cached = _VALUES.setdefault(mode, {}).get(key)
+            cached = graph_cache(graph, "values").get(key)  # (target, input signature) -> fake value
             if cached is not None:
                 return type(cached)(cached) if type(cached) in (list, tuple) else cached
     result = _evaluate(mode, target, args, kwargs)
     if key is not None and _shareable(result):
-        _VALUES[mode][key] = result
+        graph_cache(graph, "values")[key] = result
     return result
 
 
