@@ -152,15 +152,17 @@ def var(x, dim=None, *, correction=None, keepdim=False):
 
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
     """``[N, C, *]`` normalized per (sample, group of ``C / G`` channels) over the group's channels
-    and positions: a reshape to ``[N, G, C/G * positions]``, mean and biased variance over the
-    last axis (two passes, as torch computes it), the affine per channel. Exact to float
-    rounding; every op is one onert runs on the last axis."""
+    and positions: a reshape to ``[N, G, C/G, positions]``, mean and biased variance over the
+    last two axes (two passes, as torch computes it), the affine per channel. Exact to float
+    rounding. The view keeps ``C/G`` and the positions apart, so on a channels-last map (after a
+    convolution) the layout pass moves its permute through: ``[N, H*W, G, C/G]`` reduced over
+    axes 1 and 3, with no TRANSPOSE (BiT, PoolFormer, wav2vec2's feature encoder)."""
     n, c = x.shape[0], x.shape[1]
     rest = list(x.shape[2:])
-    g = x.reshape(n, num_groups, -1)
-    mean = g.mean(-1, keepdim=True)
+    g = x.reshape(n, num_groups, c // num_groups, -1)
+    mean = g.mean((2, 3), keepdim=True)
     centered = g - mean
-    var = (centered * centered).mean(-1, keepdim=True)
+    var = (centered * centered).mean((2, 3), keepdim=True)
     y = (centered * torch.rsqrt(var + eps)).reshape(n, c, *rest)
     shape = [1, c] + [1] * len(rest)
     if weight is not None:

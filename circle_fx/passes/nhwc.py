@@ -17,6 +17,13 @@ in front of a convolution becomes the convolution's own padding. A permute that 
 ``[B, 1, 1, C] -> [B, C, 1, 1]`` after global pooling) keeps the element order: it becomes a
 reshape, which folds into the flatten after it.
 
+Ops with axes move a permute by remapping their axes through it (:mod:`.nhwc_axes`):
+reductions, softmax, ``cat``/``split``/``slice``/``select``/one-index gathers, and reshapes that
+split dims or merge neighbours (GroupNorm's view, a patch embedding's ``flatten(2).transpose(1, 2)``).
+The permutes such a rule leaves (any rank, any order) are marked as layout permutes
+(``LAYOUT_META``) so later ops move them on; a permute of a permute is composed on the spot
+(ConvNeXt's own ``permute(0, 2, 3, 1)`` after a convolution cancels before its LayerNorm).
+
 Exact: values are only moved, never recomputed. O(nodes).
 """
 from __future__ import annotations
@@ -28,6 +35,7 @@ from ..fx_utils import make_node, shape_of, static_shape
 from ..ops_nhwc import conv2d_nhwc
 from .base import NodePass
 from .fold_views import PERMUTE_OPS, permutation
+from .nhwc_axes import SPLITS, rule_for, sink_cat, sink_one, sink_split
 
 import torch.ao.quantization.fx._decomposed  # noqa: E402,F401  (defines torch.ops.quantized_decomposed.*)
 
@@ -57,8 +65,18 @@ def _is_permute(v) -> bool:
     return isinstance(v, fx.Node) and v.op == "call_function" and v.target in PERMUTE_OPS
 
 
+#: set on the permutes this pass moves out of a layout permute (any rank and order): they are
+#: layout permutes too, so later ops move them on
+LAYOUT_META = "circle_fx.layout_permute"
+
+
 def _is_layout_permute(v) -> bool:
-    return _is_permute(v) and tuple(permutation(v)) in LAYOUT_PERMS
+    return _is_permute(v) and (v.meta.get(LAYOUT_META, False) or tuple(permutation(v)) in LAYOUT_PERMS)
+
+
+def _mark(n: fx.Node) -> fx.Node:
+    n.meta[LAYOUT_META] = True
+    return n
 
 
 def _pads_per_dim(pads, rank: int) -> list[tuple[int, int]]:
@@ -90,9 +108,44 @@ class PropagateNHWC(NodePass):
         g = program.gm.graph
         if n.target in ELEMENTWISE:
             return self._sink(g, n)
-        if n.target is aten.constant_pad_nd.default and _is_layout_permute(n.args[0]):
+        if not n.args:
+            return False
+        x = n.args[0]
+        if _is_permute(n) and _is_permute(x):
+            return self._compose(g, n)
+        if n.target is aten.cat.default:
+            return sink_cat(g, n, _is_layout_permute, _mark)
+        if not _is_layout_permute(x) or x.kwargs or _is_permute(x.args[0]):
+            return False
+        if n.target is aten.constant_pad_nd.default:
             return self._sink_pad(g, n)
-        return False
+        if n.target in SPLITS:
+            return sink_split(g, n, permutation(x), _mark)
+        rule = rule_for(n)
+        return rule is not None and sink_one(g, n, rule, permutation(x), _mark)
+
+    @staticmethod
+    def _compose(g: fx.Graph, n: fx.Node) -> bool:
+        """A permute of a permute becomes one (or none) here already, so the ops after it see
+        the composed order in this same sweep (ConvNeXt's own ``permute(0, 2, 3, 1)`` after a
+        convolution's permute to NCHW cancels before its LayerNorm is reached)."""
+        src = n.args[0]
+        if n.kwargs or src.kwargs:
+            return False
+        inner = permutation(src)
+        perm = [inner[p] for p in permutation(n)]
+        with g.inserting_before(n):
+            if perm == list(range(len(perm))):
+                new = src.args[0]
+            else:
+                new = make_node(g, aten.permute.default, (src.args[0], perm), like=n)
+                if _is_layout_permute(src) or _is_layout_permute(n):
+                    _mark(new)
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+        if not src.users:
+            g.erase_node(src)
+        return True
 
     @staticmethod
     def _sink(g: fx.Graph, n: fx.Node) -> bool:
@@ -104,9 +157,9 @@ class PropagateNHWC(NodePass):
             return False  # a permute of a permute: fold_views composes or cancels them first
         perm = permutation(permuted[0])
         out_shape = shape_of(n)
-        if tuple(perm) not in LAYOUT_PERMS or n.kwargs.keys() - {"alpha", "dtype"}:
+        if not _is_layout_permute(permuted[0]) or n.kwargs.keys() - {"alpha", "dtype"}:
             return False
-        if out_shape is None or [str(d) for d in out_shape] != [str(d) for d in shape_of(permuted[0])]:
+        if out_shape is None or all([str(d) for d in out_shape] != [str(d) for d in shape_of(a)] for a in permuted):
             return False  # a constant that broadcasts the result larger: the TRANSPOSE would grow
         for a in tensors:
             if _is_permute(a):
@@ -127,10 +180,10 @@ class PropagateNHWC(NodePass):
                 else:
                     args.append(a)
             inner = make_node(g, n.target, tuple(args), dict(n.kwargs), like=n)
-            out = make_node(g, aten.permute.default, (inner, perm), like=n)
+            out = _mark(make_node(g, aten.permute.default, (inner, perm), like=n))
         n.replace_all_uses_with(out)
         g.erase_node(n)
-        for a in permuted:
+        for a in dict.fromkeys(permuted):
             if not a.users:
                 g.erase_node(a)
         return True
@@ -147,7 +200,7 @@ class PropagateNHWC(NodePass):
             moved[d] = per_dim[i]
         with g.inserting_before(n):
             inner = make_node(g, aten.constant_pad_nd.default, (src.args[0], _torch_pads(moved), *n.args[2:]), like=n)
-            out = make_node(g, aten.permute.default, (inner, perm), like=n)
+            out = _mark(make_node(g, aten.permute.default, (inner, perm), like=n))
         n.replace_all_uses_with(out)
         g.erase_node(n)
         if not src.users:

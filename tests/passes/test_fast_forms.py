@@ -201,7 +201,8 @@ class Views(torch.nn.Module):
 def test_fold_views_drops_ops_and_keeps_numbers():
     torch.manual_seed(0)
     inputs = (torch.randn(2, 3, 20), torch.randn(4, 5, 6))
-    off = circle_fx.default_pipeline().remove_pass("fold_views")
+    # the layout pass composes permutes of permutes too (so later ops see the result): off as well
+    off = circle_fx.default_pipeline().remove_pass("fold_views").remove_pass("layout_nhwc")
     before = circle_fx.export(Views(), inputs, passes=off)
     after = assert_onert_matches_eager(Views(), inputs, rtol=0, atol=0)
     n_before, n_after = sum(before.op_histogram().values()), sum(after.op_histogram().values())
