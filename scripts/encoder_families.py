@@ -103,7 +103,30 @@ def _shrunk(default) -> dict:
         v = getattr(default, k, None)
         if k in kwargs and isinstance(v, (list, tuple)):
             kwargs[k] = list(kwargs[k])
+    stages = [getattr(default, k) for k in STAGE_LISTS if isinstance(getattr(default, k, None), (list, tuple))]
+    if "num_hidden_layers" in kwargs and any(len(v) == getattr(default, "num_hidden_layers", None) for v in stages):
+        del kwargs["num_hidden_layers"]  # it counts the stages (ConvNeXt's num_stages, Swin's num_layers)
+    layers, tiny_layers = getattr(default, "num_hidden_layers", None), kwargs.get("num_hidden_layers")
+    if isinstance(layers, int) and tiny_layers and tiny_layers < layers:
+        for k, v in vars(default).items():  # indices of layers (DPT's backbone_out_indices): as many
+            if k.endswith("out_indices") and isinstance(v, (list, tuple)) and v and all(   # layers as
+                    isinstance(e, int) and 0 <= e < layers for e in v):           # indices, same depth fractions
+                n = max(kwargs["num_hidden_layers"], len(set(v)))
+                kwargs["num_hidden_layers"] = n
+                new = [e * n // layers for e in v]
+                kwargs[k] = new if len(set(new)) == len(set(v)) else list(range(n - len(v), n))
+    if isinstance(getattr(default, "decoder_in_channels", None), (list, tuple)) and "encoder_hidden_dim" in kwargs \
+            and set(default.decoder_in_channels) == {default.encoder_hidden_dim}:
+        kwargs["decoder_in_channels"] = [kwargs["encoder_hidden_dim"]] * len(default.decoder_in_channels)  # RT-DETR
     return kwargs
+
+
+def _widths_map(old_sub, new_sub) -> dict[int, int]:
+    """A shrunk backbone's stage widths, old -> new (the parent's lists of them follow)."""
+    old, new = getattr(old_sub, "hidden_sizes", None), getattr(new_sub, "hidden_sizes", None)
+    if not (isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and len(old) == len(new)):
+        return {}
+    return dict(zip(old, new))
 
 
 def _config(cls, tiny: bool):
@@ -119,7 +142,13 @@ def _config(cls, tiny: bool):
                     try:
                         kwargs[key] = type(sub)(**{**sub.to_dict(), **_shrunk(sub)})
                     except Exception:  # noqa: BLE001 - keep the TINY-only part
-                        pass
+                        continue
+                    # the parent's lists of the backbone's widths (RT-DETR's encoder_in_channels)
+                    widths = _widths_map(getattr(default, key, None), kwargs[key])
+                    for k, v in vars(default).items():  # (distinct, increasing: stage widths)
+                        if k not in kwargs and isinstance(v, (list, tuple)) and v and list(v) == sorted(set(v)) and all(
+                                isinstance(e, int) and e in widths for e in v):
+                            kwargs[k] = [widths[e] for e in v]
         else:
             kwargs = {k: 2 for k in ("num_hidden_layers", "encoder_layers", "decoder_layers")
                       if hf._has_attr(default, k) and isinstance(getattr(default, k), int) and getattr(default, k) > 2}
