@@ -219,7 +219,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
     return bool((a - b).abs().max() <= tol * max(float(b.abs().max()), 1.0))
 
 
-def decode_matches_prefill(model, spec, past_length_input: bool) -> bool:
+def decode_matches_prefill(model, spec, past_length_input: bool, tol: float = 1e-5) -> bool:
     """Does the decode step give the logits a whole-prompt forward gives? In eager, decode
     steps from position 0 to ``q`` on random ids (states carried as the host carries them)
     against the :class:`Prefill` wrapper over the same ``q + 1`` ids, whose positions and
@@ -228,9 +228,9 @@ def decode_matches_prefill(model, spec, past_length_input: bool) -> bool:
     that derives its positions from that length as a Python number (MVP's and RoFormer's
     ``arange(cache_length, ...)``, TrOCR's) then sees position 0 in every step and fails this;
     one that is given ``position_ids`` (GIT) or reads the length for a slice only (MPT) passes.
-    The tolerance is tight (1e-5 of the logits' scale): exact decoders differ from the prefill
-    by rounding (~2e-7 on tiny random models), while RoFormer's rotary positions at 0 change its
-    tiny random model's logits by only ~7e-5 (and its tokens not at all)."""
+    ``tol`` is relative to the logits' scale. For that choice it is tight (1e-5): exact decoders
+    differ from the prefill by rounding (~2e-7 on tiny random models), while RoFormer's rotary
+    positions at 0 change its tiny random model's logits by only ~7e-5 (and its tokens not at all)."""
     q = min(7, spec.max_seq_len - 1)
     ids = _random_ids(spec, q + 1, seed=1)
     states = {c.key: torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches}
@@ -242,7 +242,33 @@ def decode_matches_prefill(model, spec, past_length_input: bool) -> bool:
                 states[c.key] = out[c.output] if c.carry == REPLACE else states[c.key].index_copy(
                     2, torch.tensor([p]), out[c.output])
         want = Prefill(model, spec, length=q + 1)(ids, torch.tensor([q], dtype=torch.int32))["logits"]
-    return _close(out["logits"], want, tol=1e-5)
+    return _close(out["logits"], want, tol=tol)
+
+
+def decode_self_check(model, spec, past_length_input: bool) -> str | None:
+    """Why a cached decode step of ``model`` would not be exact, or None; in eager, before
+    anything is exported:
+
+    - two identical decode steps must give the same logits: a model that keeps state in its
+      own modules instead of the cache (RecurrentGemma's recurrent layers) advances it on every
+      call, and the exported graph would hold that state as a constant;
+    - decode steps from position 0 must give the logits of a whole-prompt forward
+      (:func:`decode_matches_prefill`, within 1e-3 of the logits' scale: loose, so rounding in a
+      large real model never sends it off the cache; the state errors it exists for are
+      0.1-1, e.g. Zaya's)."""
+    gen = torch.Generator().manual_seed(4)
+    caches = [torch.randn(c.shape, generator=gen, dtype=spec.torch_dtype) * 0.1 for c in spec.caches]
+    ids = _random_ids(spec, 1, seed=5)
+    pos = torch.tensor([min(2, spec.max_seq_len - 1)], dtype=torch.int32)
+    step = DecodeStep(model, spec, past_length_input=past_length_input)
+    with torch.no_grad():
+        first, again = (step(ids, pos, [c.clone() for c in caches])["logits"] for _ in range(2))
+    if not _close(again, first, tol=1e-6):
+        return ("its forward keeps state outside the cache (two identical decode steps give different logits), "
+                "which an exported decode step would freeze")
+    if not decode_matches_prefill(model, spec, past_length_input, tol=1e-3):
+        return "its decode steps through the cache do not give a whole-prompt forward's logits (checked in eager)"
+    return None
 
 
 def causal(model, spec) -> bool:

@@ -42,9 +42,10 @@ from .text import default_tokenizer, text_assets
 
 try:
     from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, causal,
-                        decode_matches_prefill, layer_kinds, probe_caches, slot_dependent)
+                        decode_matches_prefill, decode_self_check, layer_kinds, probe_caches, slot_dependent)
 except ImportError as _e:  # transformers is an optional extra of circle_fx
-    DecodeStep = Prefill = causal = decode_matches_prefill = layer_kinds = probe_caches = slot_dependent = None
+    DecodeStep = Prefill = causal = decode_matches_prefill = decode_self_check = None
+    layer_kinds = probe_caches = slot_dependent = None
     ATTENTION_KINDS = STATE_KINDS = STATELESS_KINDS = ()
     _MISSING = _e
 
@@ -147,15 +148,25 @@ def _capture(module, args, input_names, pipeline, quantize=None, limits=None, we
     return api.lower(program, passes=pipeline, quantize=quantize, weight_cache=weight_cache)
 
 
+#: why a decode step captured with a run-time cache length fails and with 0 would be wrong
+WRONG_POSITIONS = ("{cls} derives its positions from the cache length as a Python number (a decode step captured "
+                   "with a run-time length fails, with 0 it is wrong)")
+
+
 def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, weight_cache=None):
-    """The decode step, with ``Cache.get_seq_length()`` answering the run-time ``position``
-    (decoders without ``position_ids`` derive their positions from it, see
+    """The decode step -> ``(model, None)``, or ``(None, why)`` when a cached decode step would
+    not be exact (the package then recomputes, see :func:`export_llm`).
+
+    ``Cache.get_seq_length()`` answers the run-time ``position`` (decoders without
+    ``position_ids`` derive their positions from it, see
     :meth:`~circle_fx.llm.cache.GraphCache.get_seq_length`). A model that uses that length as
     a Python number (a branch, a slice bound, ``arange``'s start: GIT, MVP, RoFormer, MPT,
     TrOCR) cannot be captured with a run-time value; it is captured with 0 if that is still
-    exact (:func:`~circle_fx.llm.cache.decode_matches_prefill`: GIT and MPT, which are given
-    ``position_ids`` / read it for a slice). Otherwise (MVP, RoFormer, TrOCR: their positions
-    would all be 0) returns None, and the package recomputes instead."""
+    exact (:func:`~circle_fx.llm.cache.decode_matches_prefill` within 1e-5: GIT and MPT, which
+    are given ``position_ids`` / read it for a slice), not otherwise (MVP, RoFormer, TrOCR: their
+    positions would all be 0). Either way the decode step is self-checked in eager first
+    (:func:`~circle_fx.llm.cache.decode_self_check`): state the model keeps outside the cache
+    (RecurrentGemma) or carries in a way the cache does not reproduce (Zaya) is found there."""
     # torch.export prints the partial graph to stderr when a data-dependent guard fails: that
     # failure is expected here, so the first attempt's stderr is shown only if it succeeds
     err, shapes_log = io.StringIO(), logging.getLogger("torch.fx.experimental.symbolic_shapes")
@@ -165,13 +176,18 @@ def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, 
         with contextlib.redirect_stderr(err):
             program = api.capture(DecodeStep(model, spec), args)
         sys.stderr.write(err.getvalue())
+        length_input = True
     except (CaptureError, InputError):
-        if not decode_matches_prefill(model, spec, past_length_input=False):
-            return None
+        length_input = False
+        if not decode_matches_prefill(model, spec, past_length_input=False, tol=1e-5):
+            return None, WRONG_POSITIONS.format(cls=type(model).__name__)
         program = api.capture(DecodeStep(model, spec, past_length_input=False), args)
     finally:
         shapes_log.setLevel(level)
-    return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program)
+    why = decode_self_check(model, spec, past_length_input=length_input)
+    if why:
+        return None, f"{type(model).__name__}: {why}"
+    return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program), None
 
 
 def _pipelines(rope_op: bool):
@@ -196,7 +212,8 @@ def _capture_prefill(model, spec, pipeline, quantize, weight_cache, length: int 
 
 def _export_cached(model, spec, rope_op, quantize):
     """(decode, prefill) carrying the states :func:`~circle_fx.llm.cache.probe_caches` finds;
-    decode None when a decode step would derive wrong positions (see :func:`_capture_decode`)."""
+    (None, None) with ``spec.recompute`` set when a cached decode step would not be exact (see
+    :func:`_capture_decode`)."""
     S = spec.max_seq_len
     with model_errors(model):
         spec.caches = probe_caches(model, spec)
@@ -208,10 +225,11 @@ def _export_cached(model, spec, rope_op, quantize):
         caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
         ids1, pos = torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
         weights = {}  # both programs read the same parameters: each weight quantized once, stored once in memory
-        decode = _capture_decode(model, spec, (ids1, pos, caches), ["input_ids", "position", *spec.cache_names()],
-                                 decode_pipe, quantize,
-                                 {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
+        decode, why = _capture_decode(model, spec, (ids1, pos, caches), ["input_ids", "position", *spec.cache_names()],
+                                      decode_pipe, quantize,
+                                      {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
         if decode is None:
+            spec.recompute = why
             return None, None
         return decode, _capture_prefill(model, spec, prefill_pipe, quantize, weights)
 
@@ -276,11 +294,6 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
                 decode, prefill = _export_cached(model, spec, rope_op, quantize)
             except (ModelError, CaptureError) as e:  # transformers' or the model's own code refused our cache
                 spec.recompute = f"its cached decode step fails: {(str(e).splitlines() or [''])[0]}"
-            else:
-                if decode is None and not spec.recompute:
-                    spec.recompute = (f"{type(model).__name__} derives its positions from the cache length as a "
-                                      "Python number (a decode step captured with a run-time length fails, with 0 "
-                                      "it is wrong)")
         if spec.recompute:
             warnings.warn(f"export_llm: the decode model recomputes the whole max_seq_len window each step: "
                           f"{spec.recompute}", stacklevel=2)

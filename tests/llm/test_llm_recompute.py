@@ -62,3 +62,24 @@ def test_non_causal_model_is_refused():
     model = hf.build("xlnet", "XLNetLMHeadModel", decoder=True)
     with pytest.raises(InputError, match="not a causal decoder"):
         circle_fx.export_llm(model, max_seq_len=8, prefill_len=4, tokenizer=None)
+
+
+def test_decode_self_check_finds_state_the_cache_misses():
+    """Eager, no export: RecurrentGemma keeps its recurrent state in its own modules (two
+    identical decode steps differ: an exported step would freeze that state); Zaya's decode
+    steps through the cache drift from a whole-prompt forward. Both used to export with the
+    same tokens as transformers from logits 0.2-0.3 off; Llama passes."""
+    from circle_fx.llm.cache import decode_self_check
+
+    llama = tiny("llama")
+    assert decode_self_check(llama, _spec(llama), past_length_input=True) is None
+    model = hf.build("recurrent_gemma", "RecurrentGemmaForCausalLM", decoder=True)
+    assert "outside the cache" in decode_self_check(model, _spec(model), past_length_input=True)
+    model = hf.build("zaya", "ZayaForCausalLM", decoder=True)
+    assert "whole-prompt forward" in decode_self_check(model, _spec(model), past_length_input=True)
+
+
+@pytest.mark.slow
+def test_recurrent_gemma_recomputes_and_generates_exactly(tmp_path):
+    m = generates_like_transformers(hf.build("recurrent_gemma", "RecurrentGemmaForCausalLM", decoder=True), tmp_path)
+    assert "outside the cache" in m["decode"]["recompute"]["why"]
