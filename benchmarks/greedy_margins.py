@@ -12,10 +12,15 @@ Per config: **lead graph** / **lead onert**: leading tokens equal to float's, fo
 in eager PyTorch (the file's weights, float activations) and for the file in onert (ggml also
 quantizes activations per 32-block); at onert's divergence step, the float model's top-1/top-2
 margin; **|d margin|**: the median change of the float top-1 minus top-2 logit over the 32 steps
-(the quantization noise on the decision), and the logits' relative L2 error.
+(the quantization noise on the decision), and the logits' relative L2 error; **P(32 kept)**: the
+chance that every one of the 32 float margins survives Gaussian noise of that size (sigma = 1.4826 x
+the median |d margin|, the normal distribution's median-to-sigma factor): prod_s Phi(margin_s / sigma).
+It says how likely *any* quantized model with this much logit noise is to keep all 32 tokens on
+this prompt, where a single run's count is one draw.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -89,6 +94,13 @@ def main(argv=None) -> int:
         d = (g[steps, ft] - g[steps, second]) - margins
         return float(np.median(np.abs(d))), float(np.linalg.norm(g - gen) / np.linalg.norm(gen))
 
+    def kept(d):
+        """P(all 32 margins keep their sign) under Gaussian noise of median |d| = d."""
+        if d == 0:
+            return 1.0
+        sigma = 1.4826 * d
+        return float(np.prod([0.5 * (1 + math.erf(m / (sigma * math.sqrt(2)))) for m in margins]))
+
     rows = []
     for name in names:
         t = time.perf_counter()
@@ -100,10 +112,10 @@ def main(argv=None) -> int:
         k = lead(o)
         d, rel = noise(o)
         rows.append([name, f"{cm.size / 1e6:.1f}", f"{lead(g)}/{N}", f"{k}/{N}",
-                     f"{margins[k]:.3f}" if k < N else "-", f"{d:.3f}", f"{rel:.4f}"])
+                     f"{margins[k]:.3f}" if k < N else "-", f"{d:.3f}", f"{rel:.4f}", f"{100 * kept(d):.1f}%"])
         print("  done:", rows[-1], f"{time.perf_counter() - t:.0f} s", flush=True)
         del cm, program
-    cols = ["config", "file MB", "lead graph", "lead onert", "float margin there", "|d margin| onert", "rel L2 onert"]
+    cols = ["config", "file MB", "lead graph", "lead onert", "float margin there", "|d margin| onert", "rel L2 onert", "P(32 kept)"]
     print_table(cols, rows)
     return 0
 

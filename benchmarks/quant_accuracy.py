@@ -47,6 +47,8 @@ class Mode:
     llm_kwargs: dict | None = field(default_factory=dict)
     #: optional ``build(model, ids) -> (CircleModel, program or None)`` replacing the plain export
     build: object = None
+    #: the QuantConfig gets ``importance=activation_importance(model, calibration texts)``
+    calibrated: bool = False
 
 
 def _mixed(name: str, embedding="uint8-rows", lm_head="q8_0", **overrides) -> Mode:
@@ -55,6 +57,15 @@ def _mixed(name: str, embedding="uint8-rows", lm_head="q8_0", **overrides) -> Mo
 
     cfg = QuantConfig(weights="q4_0", embedding=embedding, lm_head=lm_head, overrides=tuple(overrides.items()))
     return Mode(name, {"quantize": cfg}, {"quantize": cfg})
+
+
+def _calibrated(name: str, preset: str, **changes) -> Mode:
+    """A preset with Q4_0 scales weighted by activation importance from the calibration topics."""
+    from circle_fx import QuantConfig
+    from circle_fx.quant.config import PRESETS
+
+    cfg = QuantConfig(**{**PRESETS[preset], **changes})
+    return Mode(name, {"quantize": cfg}, {"quantize": cfg}, calibrated=True)
 
 
 def _int8_rows():
@@ -89,7 +100,20 @@ MODES = [
     _mixed("q4_0+emb8+head8+down8+attn8", **{DOWN: "q8_0", ATTN: "q8_0"}),
     _mixed("q4_0+emb4+head8+down8", embedding="q4_0", **{DOWN: "q8_0"}),
     _mixed("q4_0+emb4+head8+down8+ends8", embedding="q4_0", **{p: "q8_0" for p in ENDS}, **{DOWN: "q8_0"}),
+    # importance-weighted Q4_0 scales (QuantConfig.importance, from the calibration topics)
+    _calibrated("q4_0+imatrix", "q4_0"),
+    _calibrated("q4_0+imatrix+head8", "q4_0", lm_head="q8_0"),
+    _calibrated("q4_0-mix+imatrix", "q4_0-mix"),
 ]
+
+
+def _with_importance(mode: Mode, importance) -> Mode:
+    from dataclasses import replace
+
+    def add(kwargs):
+        return None if kwargs is None else {**kwargs, "quantize": replace(kwargs["quantize"], importance=importance)}
+
+    return replace(mode, export_kwargs=add(mode.export_kwargs), llm_kwargs=add(mode.llm_kwargs))
 
 
 def _export(model, ids, mode: Mode):
@@ -165,11 +189,17 @@ def main(argv=None) -> int:
     print(f"SmolLM2-135M-Instruct, {args.tokens} tokens of pydoc_data.topics['execmodel']; "
           f"eager float32 perplexity {checkpoint.perplexity(ref, ids):.3f}", flush=True)
 
-    rows, notes, float_tokens = [], [], None
+    rows, notes, float_tokens, importance = [], [], None, None
     by_name = {m.name: m for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.modes:
             mode = by_name[name]
+            if mode.calibrated:
+                if importance is None:
+                    from circle_fx.quant import activation_importance
+
+                    importance = activation_importance(model, checkpoint.calibration_ids())
+                mode = _with_importance(mode, importance)
             t0 = time.perf_counter()
             cm, program = _export(model, ids, mode)
             row = {"mode": name, "MB": cm.size / 1e6, "export s": time.perf_counter() - t0}

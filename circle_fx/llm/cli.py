@@ -35,9 +35,13 @@ def cmd_export_llm(args) -> int:
     from .export import export_llm
 
     quantize = quant_options.quantize_from(args)  # bad options fail before the model loads
+    if args.calibration and quantize is None:
+        raise InputError("--calibration weights a --quantize preset's Q4_0 scales; pass --quantize too")
     model, tokenizer = _load(args.model)
     if args.tokenizer:
         tokenizer = args.tokenizer
+    if args.calibration:
+        quantize = _calibrated(quantize, model, tokenizer, args.calibration)
     pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=quantize,
                      tokenizer=tokenizer)
     checked = _check(pkg, model, args.check) if args.check else None
@@ -55,6 +59,46 @@ def cmd_export_llm(args) -> int:
         print(f"--check: onert and transformers generate the same {checked} greedy tokens "
               "(prompt through prefill, and through decode steps)")
     return 0
+
+
+#: calibration text is cut into sequences of this many tokens, at most ``CALIBRATION_TOKENS`` in all
+CALIBRATION_CHUNK = 512
+CALIBRATION_TOKENS = 16384
+
+
+def _calibrated(quantize, model, tokenizer, files):
+    """``quantize`` with ``importance`` from the model run on the text of ``files`` (tokenized with
+    the package's tokenizer): Q4_0 scales weighted by each linear's mean input square."""
+    from dataclasses import replace
+
+    import torch
+
+    from ..quant import activation_importance, resolve_quantize
+    from .text import _backend, default_tokenizer
+
+    if tokenizer == "auto":
+        tokenizer = default_tokenizer(model)
+    if tokenizer is None:
+        raise InputError("--calibration needs a tokenizer to read the text: the checkpoint has none; "
+                         "pass --tokenizer tokenizer.json")
+    backend, _ = _backend(tokenizer)
+    ids: list[int] = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"--calibration {path}: cannot read it as UTF-8 text: {e}") from None
+        if not text.strip():
+            raise InputError(f"--calibration {path}: the file is empty")
+        ids += backend.encode(text).ids
+    ids = ids[:CALIBRATION_TOKENS]
+    chunks = [ids[i:i + CALIBRATION_CHUNK] for i in range(0, len(ids), CALIBRATION_CHUNK)]
+    samples = [{"input_ids": torch.tensor([c]), "use_cache": False} for c in chunks if c]
+    importance = activation_importance(model, samples)
+    print(f"calibration: {len(ids)} tokens from {len(files)} file(s): Q4_0 scales weighted by "
+          f"activation importance")
+    return replace(resolve_quantize(quantize), importance=importance)
 
 
 def _check(pkg, model, new_tokens: int) -> int:
@@ -152,6 +196,12 @@ def add_commands(sub) -> None:
                    "checkpoint's own)")
     e.add_argument("--no-rope", action="store_true", help="keep RoPE decomposed in the decode model")
     quant_options.add_arguments(e, "weight quantization of both models (as circle-fx export). ")
+    e.add_argument("--calibration", action="append", default=[], metavar="TEXT_FILE",
+                   help="with --quantize: text like the model's inputs (repeatable; not the text you evaluate "
+                        f"on; up to {CALIBRATION_TOKENS} tokens are used): each Q4_0 block's scale minimises "
+                        "its error weighted by the mean square of the linear's input columns on it "
+                        "(activation importance; measured on SmolLM2-135M, every linear Q4_0: +32 %% -> +10 %% "
+                        "perplexity)")
     e.add_argument("--check", type=int, nargs="?", const=16, default=0, metavar="N",
                    help="before writing, generate N (default 16) greedy tokens in onert and in transformers "
                         "and fail unless they are the same")

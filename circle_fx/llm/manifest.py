@@ -31,7 +31,8 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``)::
                                     "first_cache_row": "position", "count": 1,
                                     "rows": "0 -> position"}, ...],
                   "recompute": null | {"why": "...", "cost": "..."}},  # see "Recompute" below
-      "weights": {"quantize": {"weights", "embedding", "lm_head", "overrides": [[PATTERN, MODE], ...]} | null,
+      "weights": {"quantize": {"weights", "embedding", "lm_head", "overrides": [[PATTERN, MODE], ...],
+                               "importance": {"samples", "rows", "names"} | null, ...} | null,
                   "prefill": {NAME: ENCODING, ...}, "decode": {NAME: ENCODING, ...},  # per quantized weight
                   "bits_per_weight": {ENCODING: bits, ...},
                   "ggml": bool,               # GGML_Q8_0 / GGML_Q4_0 tensors in the files
@@ -172,12 +173,18 @@ GGML_THREADS_WHY = ("onert's ggml kernels (GGML_Q8_0/Q4_0 FULLY_CONNECTED) spin-
 
 def weights_entry(quantize, decode, prefill) -> dict:
     """The manifest's ``weights`` section from the two models' quantization records."""
-    from dataclasses import asdict
+    from dataclasses import fields
+
+    def value(k, v):
+        if k in ("overrides", "skip"):
+            return [list(o) if isinstance(o, tuple) else o for o in v]
+        if k == "importance":  # the statistics themselves stay out: where they came from
+            return None if v is None else {"samples": v.samples, "rows": v.rows, "names": len(v)}
+        return v
 
     records = {part: cm.report.quantization for part, cm in (("prefill", prefill), ("decode", decode))}
     out = {"quantize": None if quantize is None else
-           {k: ([list(o) for o in v] if k == "overrides" else v) for k, v in asdict(quantize).items() if k != "skip"}
-           | {"skip": list(quantize.skip)}}
+           {f.name: value(f.name, getattr(quantize, f.name)) for f in fields(quantize)}}
     bits, ggml = {}, False
     for part, record in records.items():
         out[part] = record.encodings() if record is not None else {}

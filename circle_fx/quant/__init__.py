@@ -9,11 +9,15 @@
   ``qops`` holds the quantized torch custom ops those passes produce. SmoothQuant
   (:mod:`circle_fx.quant.smooth`, ``CircleQuantizer(smooth_quant=alpha, calibration=...)``)
   moves activation outliers into the weights before annotation.
+- Activation importance (:mod:`circle_fx.quant.importance`): ``activation_importance(model,
+  samples)`` -> ``QuantConfig(importance=...)`` weights the Q4_0 block scales by what each input
+  column carries.
 
 The quantizer needs torchao (``pip install circle-fx[quant]``); it is imported on first use
 so that ``import circle_fx`` never requires it.
 """
 from .config import QuantConfig, resolve_quantize
+from .importance import Importance, activation_importance
 
 
 def __getattr__(name):
@@ -24,4 +28,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CircleQuantizer", "QuantConfig", "resolve_quantize"]
+__all__ = ["CircleQuantizer", "Importance", "QuantConfig", "activation_importance", "resolve_quantize"]

@@ -42,6 +42,7 @@ def quantize_from(args):
 
 
 def override_report(cm) -> list[str]:
-    """The lines naming the linears each ``--override`` matched (empty without overrides)."""
+    """The lines naming the linears each ``--override`` matched, and the weights ``--calibration``
+    weighted (empty without either)."""
     record = cm.report.quantization
     return record.override_lines() if record is not None else []

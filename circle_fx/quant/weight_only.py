@@ -91,6 +91,9 @@ class QuantizationRecord:
     sensitive: list = field(default_factory=list)
     #: int8 linear weights stored as q8_0 because of their row count (``QuantConfig.blocks_from_rows``)
     by_rows: list = field(default_factory=list)
+    #: Q4_0 linear weights whose scales were weighted by ``QuantConfig.importance`` / had none there
+    weighted: list = field(default_factory=list)
+    unweighted: list = field(default_factory=list)
 
     def add(self, name, linears, embeddings, shape, encoding, nbytes) -> None:
         kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
@@ -115,12 +118,16 @@ class QuantizationRecord:
 
     def override_lines(self) -> list[str]:
         """One line per ``QuantConfig.overrides`` pattern: its mode and the linears it set; one for
-        ``QuantConfig.sensitive`` when set."""
+        ``QuantConfig.sensitive`` and one for ``QuantConfig.importance`` when set."""
         out = [f"override {p!r} -> {m or 'float'}: {len(self.overridden.get(p, ()))} linear(s): "
                f"{compact_names(self.overridden.get(p, ()))}" for p, m in self.config.overrides]
         if self.config.sensitive:
             out.append(f"sensitive -> {self.config.sensitive}: {len(self.sensitive)} linear(s): "
                        f"{compact_names(self.sensitive)}")
+        if self.config.importance is not None:
+            out.append(f"q4_0 scales weighted by activation importance: {len(self.weighted)} weight(s)"
+                       + (f"; none given for {len(self.unweighted)} (plain search): {compact_names(self.unweighted)}"
+                          if self.unweighted else ""))
         return out
 
     def lines(self) -> list[str]:
@@ -131,8 +138,9 @@ class QuantizationRecord:
         out.append("bits per weight: " + ", ".join(f"{k} {v:.2f}" for k, v in self.bits_per_weight().items()))
         plain, chosen = self.q4_err
         if plain > 0:
-            out.append(f"q4_0 scale search: squared error {100 * (1 - chosen / plain):.1f}% lower than ggml's "
-                       f"max/-8 scale")
+            how = " (importance-weighted)" if self.weighted else ""
+            out.append(f"q4_0 scale search: squared error{how} {100 * (1 - chosen / plain):.1f}% lower than "
+                       f"ggml's max/-8 scale")
         out += [f"  {line}" for line in self.override_lines()]
         if self.by_rows:
             out.append(f"  int8 -> q8_0 for >= {self.config.blocks_from_rows} rows (QuantConfig.blocks_from_rows): "
@@ -392,8 +400,11 @@ class QuantizeWeights(Pass):
 
     def _rewrite_ggml(self, program, attr, w, linears, embeddings, record, name, kind) -> None:
         g = program.graph
+        imp = self._importance(name, w, linears, kind, record)
         try:
-            blocks, err_plain, err_chosen = self._once(w, kind, lambda: ggml_pack(w, ggml.BY_NAME[kind]))
+            blocks, err_plain, err_chosen = self._once(
+                w, kind if imp is None else f"{kind} importance",
+                lambda: ggml_pack(w, ggml.BY_NAME[kind], importance=imp))
         except ValueError as e:
             raise InputError(f"weight {name!r} cannot be quantized: {e}") from None
         bn = self._constant(program, attr, blocks, kind)
@@ -405,6 +416,16 @@ class QuantizeWeights(Pass):
         record.add(name, linears, embeddings, tuple(w.shape), kind, blocks.numel())
         record.q4_err[0] += err_plain
         record.q4_err[1] += err_chosen
+
+    def _importance(self, name, w, linears, kind, record):
+        """``QuantConfig.importance``'s values for a Q4_0 weight read by linears (the lm_head's input
+        weighs a tied table's blocks too: one set of blocks serves both uses), or None."""
+        table = self.config.importance
+        if table is None or kind != "q4_0" or not linears:
+            return None
+        imp = table.for_weight(name, int(w.shape[1]))
+        (record.weighted if imp is not None else record.unweighted).append(name)
+        return imp
 
     def _rewrite_int8(self, program, attr, w, linears, embeddings, record, name) -> None:
         g = program.graph

@@ -57,6 +57,31 @@ def test_quantize_and_lengths(checkpoint_dir, tmp_path, capsys):
     assert "6 new tokens" in capsys.readouterr().err
 
 
+def test_calibration_text_weights_the_q4_0_scales(checkpoint_dir, tmp_path, capsys):
+    text = tmp_path / "calib.txt"
+    text.write_text("the name is bound to the object in the block; a scope defines the visibility. " * 20)
+    pkg = str(tmp_path / "q")
+    assert main(["export-llm", checkpoint_dir, "-o", pkg, "--max-seq-len", "20", "--prefill-len", "4",
+                 "--quantize", "q4_0", "--calibration", str(text)]) == 0
+    out = capsys.readouterr().out
+    assert "calibration: " in out and " tokens from 1 file(s)" in out
+    # every linear of the tiny Llama (merged q/k/v and gate/up, o, down; the tied lm_head)
+    assert "q4_0 scales weighted by activation importance: " in out and "none given" not in out, out
+    assert main(["generate", pkg, "--prompt", PROMPT, "--max-new-tokens", "4", "--ignore-eos"]) == 0
+    assert "4 new tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--calibration", "x.txt"], "--calibration weights a --quantize preset's Q4_0 scales; pass --quantize too"),
+    (["--quantize", "q4_0", "--calibration", "/no/such/file.txt"], "--calibration /no/such/file.txt: cannot read"),
+])
+def test_calibration_errors(checkpoint_dir, tmp_path, capsys, extra, message):
+    assert main(["export-llm", checkpoint_dir, "-o", str(tmp_path / "out"), "--max-seq-len", "20"] + extra) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "out")
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda d: os.makedirs(d), "no config.json"),
     (lambda d: None, "no such GGUF file"),

@@ -1,7 +1,8 @@
 """GGML Q8_0 / Q4_0 weights on the real SmolLM2-135M-Instruct checkpoint (slow).
 
 Perplexity on 512 tokens of ``pydoc_data.topics["execmodel"]`` against float32 in the same run:
-q8_0 within 1 %, q4_0 within 8 %. Measured on the exported graph (the file's exact weights,
+q8_0 within 1 %, q4_0 within 8 % (the q4_0-mix preset, and every layer linear Q4_0 with calibrated
+scales and an 8-bit lm_head). Measured on the exported graph (the file's exact weights,
 dequantized, float activations) and, where onert's GGML kernels run (AVX-512 hosts), on the file
 in onert; elsewhere the file must be refused with RuntimeFailure. Greedy generation with the Q8_0
 weights must give the float model's first 32 new tokens.
@@ -13,14 +14,14 @@ import torch
 
 import checkpoint
 import circle_fx
-from circle_fx import RuntimeFailure
+from circle_fx import QuantConfig, RuntimeFailure
 from circle_fx.circle import ggml
 from circle_fx.circle.ggml_support import ggml_unsupported_reason
 from circle_fx.quant.ggml import pack
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not checkpoint.available(), reason=checkpoint.SKIP_REASON)]
 
-BOUNDS = {"q8_0": 1.01, "q4_0-mix": 1.08}
+BOUNDS = {"q8_0": 1.01, "q4_0-mix": 1.08, "q4_0 calibrated": 1.08}
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +31,24 @@ def reference():
         return model, ids, checkpoint.perplexity(model(ids).logits, ids)
 
 
+@pytest.fixture(scope="module")
+def importance(reference):
+    from circle_fx.quant import activation_importance
+
+    return activation_importance(reference[0], checkpoint.calibration_ids())
+
+
 # q4_0-mix keeps lm_head, down_proj and layers 0, 1, 28, 29 at Q8_0 (measured: graph +2.9 %, onert +3.7 %);
-# plain q4_0 (every linear Q4_0) is +31 % (graph 24.19 vs 18.44): over the 8 % goal, not tested here
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0-mix"])
-def test_perplexity_within_bound_of_float(reference, kind):
+# plain q4_0 (every linear Q4_0, uncalibrated) is +31 % (graph 24.19 vs 18.44): over the 8 % goal, not
+# tested here. "q4_0 calibrated": every layer linear and the embedding Q4_0 with scales weighted by
+# activation importance from the calibration topics, lm_head Q8_0 (measured: graph and onert +5.9 %)
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0-mix", "q4_0 calibrated"])
+def test_perplexity_within_bound_of_float(reference, importance, kind):
     model, ids, ppl_float = reference
     program = circle_fx.capture(model, (ids,), example_kwargs={"use_cache": False})
-    cm = circle_fx.api.lower(program, quantize=kind)
+    quantize = QuantConfig(weights="q4_0", embedding="q4_0", lm_head="q8_0", importance=importance) \
+        if kind == "q4_0 calibrated" else kind
+    cm = circle_fx.api.lower(program, quantize=quantize)
     with torch.no_grad():
         ppl_graph = checkpoint.perplexity(program.run(ids)[0], ids)
     assert ppl_graph <= BOUNDS[kind] * ppl_float, (ppl_graph, ppl_float)
