@@ -13,8 +13,8 @@ from .circle.ggml import block_type
 from .circle.schema import CIRCLE_TO_NUMPY, op_name, type_name
 from .emit.builder import ModelBuilder
 from .emit.writer import Serialized, write_atomic
-from .circle.runtime import check_index_range
-from .errors import InputError, OutputError
+from .circle.runtime import EXTERNAL_WHY, check_index_range
+from .errors import InputError, OutputError, RuntimeFailure
 
 
 @dataclass
@@ -129,6 +129,8 @@ class CircleModel:
         if self._session is None:
             if not self.verified:  # onert segfaults on a malformed file: never hand it one unchecked
                 self.check()
+            if self.serialized.external:  # refused before a multi-GB temp file is written
+                raise RuntimeFailure(f"onert 0.1.0 cannot run this model: {EXTERNAL_WHY}")
             path = self.source_path
             if path is None or not path.endswith(".circle"):  # onert picks its loader by extension
                 path = self._session_path = temp_circle_path()

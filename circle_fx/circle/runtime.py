@@ -18,7 +18,8 @@ from .ggml_support import check_ggml_runs, ggml_threads
 def check_loadable(path: str) -> None:
     """``verify`` the file before onert sees it: onert 0.1.0 segfaults on a truncated or
     corrupt file (docs/onert-findings.md), which would kill the host process. Every place
-    that hands a file to onert calls this first (OnertSession, the LLM runner)."""
+    that hands a file to onert calls this first (OnertSession, the LLM runner). Then the
+    valid files onert 0.1.0 cannot load either (:func:`check_onert_layout`)."""
     from .verify import verify
 
     try:
@@ -26,6 +27,37 @@ def check_loadable(path: str) -> None:
     except VerifyError as e:
         raise VerifyError(f"refusing to load {path} into onert (a malformed file crashes it): {e}",
                           e.problems) from None
+    check_onert_layout(path)
+
+
+#: onert 0.1.0 maps a file with a 32-bit size: from 2 GiB on it fails ("mmap failed")
+ONERT_FILE_LIMIT = 1 << 31
+
+EXTERNAL_WHY = ("its weights are stored after the flatbuffer (Buffer.offset/size, the layout circle_fx "
+                "writes past the 2 GB flatbuffer limit or with external_weights=True), which onert 0.1.0's "
+                "loader does not read: it crashes the process in prepare() (docs/onert-findings.md section 2). "
+                "The file is valid Circle; to run it in onert, quantize the weights (quantize='q4_0', "
+                "'q8_0' or 'int8-weights') so that they fit inline")
+
+
+def check_onert_layout(path: str) -> None:
+    """Refuse, as :class:`RuntimeFailure`, a *valid* file onert 0.1.0 cannot load without
+    crashing: one of 2 GiB or more, or one whose buffers live outside the flatbuffer. Call it
+    on verified bytes only (the buffer table is read with the generated accessors)."""
+    import mmap
+
+    from circle_schema import circle
+
+    size = os.path.getsize(path)
+    if size >= ONERT_FILE_LIMIT:
+        raise RuntimeFailure(f"onert 0.1.0 cannot run {path}: the file is {size / (1 << 30):.2f} GiB and onert "
+                             f"maps files only below 2 GiB; {EXTERNAL_WHY}")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        model = circle.Model.Model.GetRootAs(mm, 0)
+        external = sum(1 for i in range(model.BuffersLength()) if model.Buffers(i).Offset() > 1)
+        del model  # the accessors hold views of the mapping: release them before it closes
+    if external:
+        raise RuntimeFailure(f"onert 0.1.0 cannot run {path}: {external} buffer(s) are external; {EXTERNAL_WHY}")
 
 
 def _failure(what: str, err: Exception, printed: str) -> RuntimeFailure:
@@ -63,6 +95,8 @@ class OnertSession:
         """``verified``: the caller has already verified these exact bytes (CircleModel)."""
         if not verified:
             check_loadable(path)
+        else:  # verified bytes: only the layout onert cannot load is left to refuse
+            check_onert_layout(path)
         os.environ.setdefault("USE_MMAPED_DATA", "1")
         try:
             import onert

@@ -173,3 +173,44 @@ def test_over_2gb_model_runs_in_onert(huge_file, tmp_path):
     with torch.no_grad():
         ref = model(ids).numpy()
     np.testing.assert_array_equal(run_in_onert(path, ids.numpy(), tmp_path), ref)
+
+
+# ------------------------------------------------------------- what circle_fx does with them
+_REFUSES = textwrap.dedent("""
+    import sys, torch, circle_fx
+    from circle_fx import RuntimeFailure
+    from circle_fx.circle.runtime import OnertSession
+    path = sys.argv[1]
+    cm = circle_fx.export(torch.nn.Linear(64, 48), (torch.randn(2, 64),), external_weights=True, verbose=False)
+    cm.save(path)
+    for what, call in (("run", lambda: cm.run(torch.randn(2, 64))), ("load", lambda: circle_fx.CircleModel.load(path)),
+                       ("session", lambda: OnertSession(path))):
+        try:
+            call()
+        except RuntimeFailure as e:
+            assert "onert 0.1.0 cannot run" in str(e) and "Buffer.offset/size" in str(e), str(e)
+            assert "q4_0" in str(e)  # what to do instead
+            print(what, "refused")
+        else:
+            raise SystemExit(what + " did not refuse")
+""")
+
+
+def test_external_weights_are_refused_before_onert_sees_them(tmp_path):
+    """A valid file onert 0.1.0 would crash on (external buffers) is a RuntimeFailure from
+    ``CircleModel.run``, ``CircleModel.load`` and every onert session, never a segfault of the
+    host (checked in a child, so a regression cannot take pytest down)."""
+    proc = subprocess.run([sys.executable, "-c", _REFUSES, str(tmp_path / "ext.circle")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split() == ["run", "refused", "load", "refused", "session", "refused"]
+
+
+@pytest.mark.slow
+def test_over_2gb_model_is_refused_with_its_size(huge_file):
+    from circle_fx import RuntimeFailure
+    from circle_fx.circle.runtime import OnertSession
+
+    _, _, path = huge_file
+    with pytest.raises(RuntimeFailure, match=r"the file is 2\.\d\d GiB and onert maps files only below 2 GiB"):
+        OnertSession(str(path))
