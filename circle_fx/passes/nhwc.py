@@ -12,7 +12,8 @@ where ``constant'`` is the constant brought to full rank and permuted by ``p``'s
 permute to NHWC and ``fold_views`` (which runs next) cancels the pair; ``nhwc_pads`` (after it)
 folds zero pads into convolutions. Ops are rewritten
 only when every tensor operand is a permute by the same ``p``, a constant or a scalar, so the
-pass never adds a TRANSPOSE at run time. ``constant_pad_nd`` moves past a permute too (its pads follow their dims), and a zero pad of H and W
+pass never adds a TRANSPOSE at run time (a permute moves past a split only when every piece's
+users take it on: one step of lookahead, ``_takes``). ``constant_pad_nd`` moves past a permute too (its pads follow their dims), and a zero pad of H and W
 in front of a convolution becomes the convolution's own padding. A permute that only moves size-1 dims (the
 ``[B, 1, 1, C] -> [B, C, 1, 1]`` after global pooling) keeps the element order: it becomes a
 reshape, which folds into the flatten after it.
@@ -27,6 +28,8 @@ The permutes such a rule leaves (any rank, any order) are marked as layout permu
 Exact: values are only moved, never recomputed. O(nodes).
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx as fx
@@ -101,6 +104,79 @@ def _inverse(perm: list[int]) -> list[int]:
     return inv
 
 
+#: the answer of :func:`_carried` for a constant: it takes any permute
+_ANY = "any"
+
+
+def _carried(a, pieces: dict, memo: dict, depth: int = 12):
+    """The permute ``a`` would carry once the split's permute has moved past it: a small
+    simulation of the sweep over ``a``'s inputs. ``pieces``: split output -> its permute.
+    Returns the permutation, :data:`_ANY` for a constant or scalar, or None (no permute
+    would reach it: it stays as it is)."""
+    if not isinstance(a, fx.Node) or a.op == "get_attr":
+        return _ANY
+    if a in pieces:
+        return pieces[a]
+    if _is_layout_permute(a) and not a.kwargs:  # one already there (another convolution's output)
+        return permutation(a)
+    if a in memo:
+        return memo[a]
+    memo[a] = None  # cycles cannot occur in a graph; depth bounds the walk
+    out = None
+    if depth and a.op == "call_function":
+        if a.target in ELEMENTWISE:
+            perms = {str(q): q for q in (_carried(b, pieces, memo, depth - 1) for b in a.args) if q is not _ANY}
+            if len(perms) == 1 and None not in perms.values():
+                out = next(iter(perms.values()))
+        elif a.target is operator.getitem:
+            src = a.args[0]
+            if isinstance(src, fx.Node) and src.op == "call_function" and src.target in SPLITS:
+                q = _carried(src.args[0], pieces, memo, depth - 1)
+                out = q if q is not _ANY else None
+        elif rule_for(a) is not None and isinstance(a.args[0], fx.Node):
+            q = _carried(a.args[0], pieces, memo, depth - 1)
+            if q is not None and q is not _ANY:
+                out = _rule_perm(a, q)
+    memo[a] = out
+    return out
+
+
+def _rule_perm(n: fx.Node, perm: list[int]):
+    """The permute an axis rule leaves after ``n`` when its input carries ``perm`` (a dry run on
+    a stand-in of the unpermuted input): a permutation, ``[]`` when none is left, or None when
+    the rule would not move it."""
+    shape = static_shape(n.args[0])
+    if shape is None:
+        return None
+    inner = torch.empty([shape[i] for i in _inverse(perm)], device="meta")  # the input before the permute
+    try:
+        found = rule_for(n)(n, inner, perm)
+    except Exception:  # noqa: BLE001 - a rule that cannot say: the permute does not move
+        return None
+    if found is None:
+        return None
+    out_perm = found[1]
+    return out_perm if out_perm is not None else []
+
+
+def _takes(user: fx.Node, pieces: dict, memo: dict) -> bool:
+    """One step past the split, simulated: does ``user`` (of a piece) take the permute on, so
+    that no piece keeps a TRANSPOSE of its own? If one cannot, one TRANSPOSE in front of the
+    split would become several (MobileViTv2's linear attention splits a 1x1 convolution's
+    output into query / key / value that meet a softmax over the last axis and a product with
+    it). Elementwise users must see every operand carry the same permute (FocalNet's gates
+    sliced off the split still do); axis rules are dry-run."""
+    if user.op != "call_function":
+        return False
+    if _is_permute(user):
+        return True  # composed with it (cancelled, for a convolution's permute to NHWC)
+    if user.target in SPLITS or user.target is aten.constant_pad_nd.default or user.target is operator.getitem:
+        return True
+    if user.target is aten.cat.default:
+        return all(_carried(a, pieces, memo) is not None for a in user.args[0])
+    return _carried(user, pieces, memo) is not None
+
+
 class PropagateNHWC(NodePass):
     name = "layout_nhwc"
 
@@ -120,7 +196,11 @@ class PropagateNHWC(NodePass):
         if n.target is aten.constant_pad_nd.default:
             return self._sink_pad(g, n)
         if n.target in SPLITS:
-            return sink_split(g, n, permutation(x), _mark)
+            perm = permutation(x)
+            pieces, memo = {piece: perm for piece in n.users}, {}
+            if not all(_takes(user, pieces, memo) for piece in n.users for user in piece.users):
+                return False  # a piece would keep its own TRANSPOSE: one before the split is cheaper
+            return sink_split(g, n, perm, _mark)
         rule = rule_for(n)
         return rule is not None and sink_one(g, n, rule, permutation(x), _mark)
 

@@ -62,6 +62,19 @@ def _patch_tokens_round_trip(x):
     return t.transpose(1, 2).reshape(b, c, h, w)
 
 
+class GatedByConv(nn.Module):
+    """FocalNet's modulation: a piece of a split times another convolution's output (whose own
+    permute to NCHW is already there) plus the other piece."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.h = nn.Conv2d(c, c // 2, 1)
+
+    def forward(self, x):
+        a, b = x.split([4, 4], 1)
+        return a * self.h(x) + b
+
+
 #: name -> (fn between two convs, channels it hands on)
 CASES = {
     "squeeze_excite_mean_keepdim": (SqueezeExcite(), 8),
@@ -73,6 +86,7 @@ CASES = {
     "cat_along_channels": (lambda x: torch.cat([x, torch.relu(x)], 1), 16),
     "slice_of_channels": (lambda x: x[:, 2:6], 4),
     "chunk_along_channels": (lambda x: sum(torch.chunk(x, 2, 1)), 4),
+    "split_piece_times_another_conv": (GatedByConv(), 4),
     "group_norm": (nn.GroupNorm(2, 8), 8),
     "group_norm_one_group": (nn.GroupNorm(1, 8), 8),
     "patch_tokens_round_trip": (_patch_tokens_round_trip, 8),
@@ -153,6 +167,34 @@ def test_merge_of_dims_apart_in_nhwc_stays_exact():
     conv = nn.Conv2d(3, 8, 3, padding=1).eval()
     cm = assert_onert_matches_eager(_Fn(lambda x: conv(x).reshape(1, 48, 6) * 2.0), (IMAGE,), **TOL)
     assert _transposes(cm) == 2, cm.op_histogram()
+
+
+class LinearAttention(nn.Module):
+    """MobileViTv2's linear self-attention: a 1x1 convolution's output split into a 1-channel
+    query, keys and values; softmax of the query over the positions (NCHW's last axis), the keys
+    weighted by it and summed, the values' ReLU times that context, a 1x1 convolution out."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.qkv, self.out = nn.Conv2d(c, 1 + 2 * c, 1), nn.Conv2d(c, c, 1)
+        self.c = c
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split([1, self.c, self.c], dim=1)
+        ctx = (k * torch.softmax(q, dim=-1)).sum(-1, keepdim=True)
+        return self.out(torch.relu(v) * ctx.expand_as(v))
+
+
+def test_split_whose_pieces_cannot_take_the_permute_stays():
+    """Near miss: moving the convolution's permute past the split would leave one on the keys
+    and one on the values (the query's softmax and the product with it do not take it): the
+    permute stays in front of the split, as many TRANSPOSEs as without the split rule."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), LinearAttention(), nn.Conv2d(8, 4, 1)).eval()
+    cm = assert_onert_matches_eager(m, (IMAGE,), **TOL)
+    # the input, the qkv convolution's output (once, before the split: 5 when it moved past it),
+    # the out convolution's input and the model's output
+    assert _transposes(cm) == 4, cm.op_histogram()
 
 
 @pytest.mark.slow
