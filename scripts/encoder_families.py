@@ -155,11 +155,58 @@ def _config(cls, tiny: bool):
         return hf._construct(cls, kwargs, keep=set())
 
 
+#: config fields that name an audio model's feature width (mel bins, filterbank features)
+FEATURE_FIELDS = ("num_mel_bins", "feature_size", "input_dim", "input_feat_per_channel", "n_mels",
+                  "num_features", "input_feature_size")
+
+
+def example_candidates(model, fam: Family):
+    """Example inputs to try in turn: :func:`example_inputs`' guess, then for an audio model
+    (``input_values`` / ``input_features``) other layouts of its feature width ([1, T, F],
+    [1, F, T], raw samples), since the configs do not say which one the model reads."""
+    first = example_inputs(model, fam)
+    yield first
+    name = getattr(model, "main_input_name", "input_ids")
+    if name not in ("input_values", "input_features"):
+        return
+    cfg = model.config
+    widths = [getattr(cfg, k) for k in FEATURE_FIELDS if isinstance(getattr(cfg, k, None), int)]
+    if isinstance(getattr(cfg, "input_feat_per_channel", None), int) and isinstance(getattr(cfg, "input_channels", None), int):
+        widths.append(cfg.input_feat_per_channel * cfg.input_channels)
+    lengths = [20, getattr(cfg, "max_length", 64) if isinstance(getattr(cfg, "max_length", None), int) else 64]
+    gen = torch.Generator().manual_seed(0)
+    seen = {tuple(first[0][0].shape)}
+    widths = list(dict.fromkeys(widths + [2 * w for w in widths] + [80, 128, 160]))  # 2x: stacked frames
+    shapes = [[1, t, w] for w in widths for t in lengths] + [[1, w, t] for w in widths for t in lengths]
+    shapes += [[1, AUDIO_SAMPLES], [1, AUDIO_SAMPLES, 1], [1, 1, AUDIO_SAMPLES]]
+    for shape in shapes:
+        if tuple(shape) not in seen:
+            seen.add(tuple(shape))
+            yield (torch.randn(*shape, generator=gen),), {}
+
+
 def example_inputs(model, fam: Family) -> tuple[tuple, dict]:
     """(positional, keyword) example inputs for the class's main input (see the module doc)."""
     cfg = model.config
     gen = torch.Generator().manual_seed(0)
     name = getattr(model, "main_input_name", "input_ids")
+    if name == "inputs":  # Perceiver: the same tensors under one name
+        name = "pixel_values" if fam.task == "image-classification" else "input_ids"
+        args, kwargs = example_inputs_named(model, fam, name, gen)
+        return (), {"inputs": args[0], **kwargs}
+    return example_inputs_named(model, fam, name, gen)
+
+
+def example_inputs_named(model, fam: Family, name: str, gen) -> tuple[tuple, dict]:
+    cfg = model.config
+    if name == "pixel_values" and "spatial_shapes" in inspect.signature(model.forward).parameters:
+        # NaFlex (SigLIP 2): flattened patches [B, patches, C * P * P], their grid and mask
+        v = getattr(cfg, "vision_config", cfg)
+        side = int(v.num_patches ** 0.5)
+        patches = side * side
+        return (torch.randn(1, patches, v.num_channels * v.patch_size ** 2, generator=gen),), {
+            "pixel_attention_mask": torch.ones(1, patches, dtype=torch.long),
+            "spatial_shapes": torch.tensor([[side, side]])}
     if name == "pixel_values":
         c = getattr(cfg, "num_channels", 3)
         size = getattr(cfg, "image_size", IMAGE)
@@ -204,19 +251,34 @@ def build(fam: Family):
             for sub in [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]:
                 if hasattr(sub, "use_cache"):  # a multimodal model's text part caches too
                     sub.use_cache = False
+            if fam.task == "semantic-segmentation" and isinstance(getattr(config, "out_indices", None), (list, tuple)) \
+                    and len(config.out_indices) != 4 and isinstance(getattr(config, "num_hidden_layers", None), int):
+                # BEiT-style segmentation reads four backbone layers
+                n = max(4, config.num_hidden_layers)  # stage names follow the layer count: rebuild
+                config = type(config)(**{**config.to_dict(), "num_hidden_layers": n, "out_features": None,
+                                         "out_indices": list(range(n - 3, n + 1))})
             torch.manual_seed(0)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = cls(config).eval()
-            args, kwargs = example_inputs(model, fam)
+            languages = getattr(config, "languages", None)
+            if hasattr(model, "set_default_language") and languages:  # X-MOD: one adapter per language
+                model.set_default_language(languages[0])
             params = inspect.signature(model.forward).parameters
-            if "return_dict" in params:
-                kwargs.setdefault("return_dict", False)
-            if "use_cache" in params:  # no cache object in the outputs (torch.export cannot return one)
-                kwargs.setdefault("use_cache", False)
-            with torch.no_grad():
-                ref = model(*args, **kwargs)
-            return model, kind, args, kwargs, ref
+            first_error = None
+            for args, kwargs in example_candidates(model, fam):
+                if "return_dict" in params:
+                    kwargs.setdefault("return_dict", False)
+                if "use_cache" in params:  # no cache object in the outputs (torch.export cannot return one)
+                    kwargs.setdefault("use_cache", False)
+                try:
+                    with torch.no_grad():
+                        ref = model(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - the next layout of the input; report the first
+                    first_error = first_error or e
+                    continue
+                return model, kind, args, kwargs, ref
+            raise first_error
         except hf.SkipFamily:
             raise
         except Exception as e:  # noqa: BLE001 - try the next config, report both
