@@ -92,11 +92,10 @@ def check_index_range(name: str, values: np.ndarray, valid) -> None:
 
 class OnertSession:
     def __init__(self, path: str, verified: bool = False):
-        """``verified``: the caller has already verified these exact bytes (CircleModel)."""
+        """``verified``: the caller has already done :func:`check_loadable`'s work on these exact
+        bytes (CircleModel.run: ``verify`` on its serialized model, and external weights refused)."""
         if not verified:
             check_loadable(path)
-        else:  # verified bytes: only the layout onert cannot load is left to refuse
-            check_onert_layout(path)
         os.environ.setdefault("USE_MMAPED_DATA", "1")
         try:
             import onert
