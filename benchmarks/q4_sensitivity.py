@@ -15,8 +15,8 @@ Tables:
   tied table as embedding / as lm_head, q/k/v/o, gate/up/down, the first/last two layers.
 - **scales**: the whole model Q4_0 (tied table included) with each per-block scale rule:
   ``plain`` (ggml's reference ``d = m / -8``), ``search`` (circle_fx's, ``quant/ggml.py``),
-  ``fine`` (42 candidate scales per block + least-squares refit), and the same search minimising a
-  *weighted* squared error: ``gamma`` (weights = the preceding RMSNorm's gamma², data-free, for the
+  ``fine`` (the search ``QuantConfig(importance=...)`` runs, 42 candidate scales per block and two
+  least-squares refits, with flat weights), and that search minimising a *weighted* squared error: ``gamma`` (weights = the preceding RMSNorm's gamma², data-free, for the
   linears that read a norm: q/k/v, gate/up, lm_head) and ``imatrix`` (weights = mean x² of each
   input column over the calibration texts, every linear: llama.cpp's importance matrix idea).
 - **grid**: does re-quantizing the checkpoint's Q4_1 grid (16 levels ``m + q * d`` per block of 32)
@@ -43,56 +43,14 @@ import torch  # noqa: E402
 BLOCK = 32
 
 
-def q4_weighted(w: np.ndarray, importance: np.ndarray | None, factors) -> np.ndarray:
-    """Dequantized Q4_0 of ``w`` [rows, cols]: per block of 32 the float16 scale among the
-    candidates ``m / -8 * f`` and ``m / 7 * f`` (m: the block's largest-magnitude element) and
-    the weighted least-squares refit of the best one's codes that minimises
-    ``sum importance * (x - q * d)^2`` (codes: nearest level, clamped to -8..7)."""
-    rows, cols = w.shape
-    b = w.reshape(-1, BLOCK).astype(np.float32)
-    imp = np.ones_like(b) if importance is None else np.broadcast_to(
-        importance.astype(np.float32).reshape(1, cols // BLOCK, BLOCK), (rows, cols // BLOCK, BLOCK)).reshape(-1, BLOCK)
-    m = np.take_along_axis(b, np.abs(b).argmax(-1)[:, None], -1)[:, 0]
-
-    def f16(d):
-        return d.astype(np.float16).astype(np.float32)
-
-    def err(d):
-        inv = np.where(d != 0, 1 / np.where(d != 0, d, 1), 0)
-        q = np.clip(np.rint(b * inv[:, None]), -8, 7)
-        r = b - q * d[:, None]
-        return (imp * r * r).sum(-1), q
-
-    best_d = f16(m / -8)
-    best_e, _ = err(best_d)
-    for base in (-8.0, 7.0):
-        for f in factors:
-            d = f16(m / base * np.float32(f))
-            e, q = err(d)
-            better = e < best_e
-            best_d = np.where(better, d, best_d)
-            best_e = np.where(better, e, best_e)
-    for _ in range(2):  # weighted least-squares refit of the codes, twice
-        _, q = err(best_d)
-        den = (imp * q * q).sum(-1)
-        d = f16(np.where(den > 0, (imp * b * q).sum(-1) / np.where(den > 0, den, 1), best_d))
-        e, _ = err(d)
-        better = e < best_e
-        best_d = np.where(better, d, best_d)
-        best_e = np.where(better, e, best_e)
-    _, q = err(best_d)
-    return (q * best_d[:, None]).reshape(rows, cols)
-
-
-def q4_circle_fx(w: np.ndarray, search: bool) -> np.ndarray:
+def q4_circle_fx(w: np.ndarray, search: bool, importance: np.ndarray | None = None) -> np.ndarray:
+    """``w`` through circle_fx's own Q4_0 packing (``quant/ggml.py``: ggml's plain scale, the
+    search, or the importance-weighted search), dequantized."""
     from circle_fx.circle.ggml import Q4_0, dequantize
     from circle_fx.quant.ggml import pack
 
-    blocks, _, _ = pack(torch.from_numpy(np.ascontiguousarray(w)), Q4_0, search=search)
+    blocks, _, _ = pack(torch.from_numpy(np.ascontiguousarray(w)), Q4_0, search=search, importance=importance)
     return dequantize(Q4_0, blocks.numpy(), w.shape)
-
-
-FINE = np.linspace(0.7, 1.1, 21)
 
 
 class Bench:
@@ -159,16 +117,18 @@ class Bench:
         out = {}
         for n in names:
             w = self.orig[n].numpy()
+            flat = np.ones(w.shape[1], np.float32)  # the weighted search with every column alike
             if rule == "plain":
                 out[n] = q4_circle_fx(w, False)
             elif rule == "search":
                 out[n] = q4_circle_fx(w, True)
             elif rule == "fine":
-                out[n] = q4_weighted(w, None, FINE)
+                out[n] = q4_circle_fx(w, True, flat)
             elif rule == "gamma":
-                out[n] = q4_weighted(w, self.gamma(n), FINE)
+                g = self.gamma(n)
+                out[n] = q4_circle_fx(w, True, flat if g is None else g)
             elif rule == "imatrix":
-                out[n] = q4_weighted(w, self.imatrix().get(n), FINE)
+                out[n] = q4_circle_fx(w, True, self.imatrix().get(n, flat))
             else:
                 raise ValueError(rule)
         if "lm_head.weight" in out:  # the tied table: one set of blocks (the lm_head's) for both uses
