@@ -13,7 +13,7 @@ The example input is what the class's ``main_input_name`` asks for, sized from t
 ``pixel_values [1, C, S, S]`` (S: the config's ``image_size``, else 64), ``input_values [1, 1600]``
 (0.1 s of 16 kHz audio), ``input_features`` in the layout the config implies (Whisper's
 ``[1, mels, 2 * max_source_positions]``, AST's ``[1, max_length, mels]``, W2V-BERT's
-``[1, T, feature_size]``), ``input_ids [1, 8]`` (+ ``decoder_input_ids [1, 4]`` for seq2seq).
+``[1, T, feature_size]``), ``input_ids [1, 8]`` (+ ``decoder_input_ids [1, 4]`` and an all-ones ``attention_mask`` for seq2seq).
 
 Used by ``scripts/encoder_support.py`` (docs/encoder-support.md).
 """
@@ -232,6 +232,10 @@ def example_inputs_named(model, fam: Family, name: str, gen) -> tuple[tuple, dic
     kwargs = {}
     if fam.task == "seq2seq":
         kwargs["decoder_input_ids"] = torch.randint(3, vocab, (1, DECODER_SEQ), generator=gen)
+        if "attention_mask" in inspect.signature(model.forward).parameters:
+            # what a tokenizer returns with the ids; LongT5's and Switch Transformers' encoders
+            # build a missing mask only outside torch.export (``is_torchdynamo_compiling``)
+            kwargs["attention_mask"] = torch.ones(1, SEQ, dtype=torch.long)
     return (ids,), kwargs
 
 

@@ -8,7 +8,9 @@ produces the family's op is a fusion like any other, so it is recorded in the pr
 fusion log (with the composite's source line) and counted in the summary.
 
 Rewrites that belong to no fusion family (multi-tensor indexing -> one flat GATHER, see
-``flat_index.py``) are applied by the same walk, from :data:`REWRITES`.
+``flat_index.py``; per-row dispatch through a mask -> a select, ``masked_rows.py``; a gather
+from a constant of one value -> that value, ``uniform_gather.py``) are applied by the same walk,
+from :data:`REWRITES`.
 """
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ from ..fusions import composite_rules
 from ..source import source_line
 from .base import Pass
 from .flat_index import flat_index
+from .masked_rows import masked_rows
+from .uniform_gather import uniform_gather
 
 #: aten op -> rewrite (``None`` leaves the node alone), owned by no fusion family
-REWRITES = {torch.ops.aten.index.Tensor: flat_index}
+REWRITES = {torch.ops.aten.index.Tensor: flat_index, torch.ops.aten.index_put.default: masked_rows,
+            torch.ops.aten.gather.default: uniform_gather}
 
 
 class DecomposeComposites(Pass):

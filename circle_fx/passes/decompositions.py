@@ -320,6 +320,36 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     return torch.cat(parts, d) if len(parts) > 1 else parts[0].clone()
 
 
+def index_put(x, indices, values, accumulate=False):
+    """``x[mask] = values`` (``+=`` with ``accumulate``) for one boolean mask whose values
+    broadcast over the selected positions (Granite Speech's ``ids[is_audio] = 0``, T5Gemma 2's
+    ``embeds[ids == eoi] = eoi_embedding``): ``where(mask, values, x)``, the mask given
+    trailing unit axes. Exact (``where`` only picks). torch's decomposition goes through
+    ``nonzero``, a data-dependent shape onert cannot run. Values with one row per selected
+    position (their count is known only at run time: X-MOD's per-language adapters) and
+    integer indices are refused: the op stays whole and the error names it."""
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or given[0][1].dtype not in (torch.bool, torch.uint8):
+        raise NotImplementedError("index_put: only a single boolean mask is decomposed")
+    p, mask = given[0]
+    mask = mask.bool()
+    rest = list(x.shape[p + mask.dim():])
+    k = len(rest)
+    vshape = list(values.shape)
+    if len(vshape) > k:
+        if vshape[len(vshape) - k - 1] != 1:
+            raise NotImplementedError("index_put: one value row per selected position")
+        head, tail = vshape[:len(vshape) - k - 1], vshape[len(vshape) - k:]
+        if len(head) > p:
+            raise NotImplementedError("index_put: values of a higher rank than the target")
+    else:
+        head, tail = [], vshape
+    v = values.reshape(head + [1] * mask.dim() + tail)
+    m = mask.reshape([1] * p + list(mask.shape) + [1] * k)
+    new = (x + v).to(x.dtype) if accumulate else v.to(x.dtype)
+    return torch.where(m, new, x)
+
+
 def _softmax_on_last_axis(fn):
     """``softmax`` / ``log_softmax`` over any axis: onert's SOFTMAX reduces the last axis,
     so the axis is moved there and back (two TRANSPOSEs); a dtype change (``dtype=`` or
@@ -452,6 +482,7 @@ DECOMPOSITIONS = {
     aten.log1p.default: log1p,
     aten.erf.default: erf,
     aten.slice_scatter.default: slice_scatter,
+    aten.index_put.default: index_put,
     aten.acos.default: acos,
     aten.asin.default: asin,
     aten.flip.default: flip,

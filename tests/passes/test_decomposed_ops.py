@@ -84,6 +84,50 @@ def _ngram_einsum(q, k):
     return torch.einsum("bnhtc,bnhsc->bnhts", (q, k))
 
 
+VEC = randn(8, seed=8)
+
+
+def _masked_rows(x):
+    """T5Gemma 2: ``embeds[ids == eoi] = eoi_embedding`` (one vector broadcast over the rows)."""
+    y = x.clone()
+    y[x[..., 0] > 0] = VEC
+    return y
+
+
+def _masked_ids(x):
+    """Granite Speech: ``ids[is_audio] = 0`` on int64 ids (``where`` with integer values)."""
+    ids = (x * 10).long()
+    ids[ids > 3] = 0
+    return ids
+
+
+def _masked_columns_accumulate(x):
+    """``y[:, mask] += v``: the mask after a full slice, ``accumulate``."""
+    y = x.clone()
+    y[:, x[0, :, 0] > 0] += VEC
+    return y
+
+
+W8 = randn(6, 8, seed=9)
+
+
+def _adapter_per_row(x):
+    """X-MOD's per-language adapters: ``out[mask] = adapter(x[mask])``, one value row per
+    selected row (a run-time count): the adapter on every row, then a select (masked_rows)."""
+    m = x[:, 0, 0] > 0
+    out = torch.zeros_like(x)
+    out[m] = F.linear(F.gelu(F.linear(x[m], W8)), W8.T) * 2
+    return out
+
+
+def _softmax_rows_2d_mask(x):
+    """A 2-D mask (rows of a batch of sequences) and a softmax inside each row."""
+    y = x.clone()
+    m = x[..., 0] > 0
+    y[m] = torch.softmax(x[m] * 3, dim=1)
+    return y
+
+
 def _distinct_index(shape, dim, k, seed=7):
     """A constant index, distinct along ``dim`` (a scatter source needs no duplicates)."""
     return randn(*shape, seed=seed).argsort(dim=dim).narrow(dim, 0, k).contiguous()
@@ -143,6 +187,17 @@ CASES = {
     "erf_gelu_esm": (lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))), [(4, 16)]),   # ESM, SEW-D
     "acos_yoso": (lambda x: 1 - torch.acos(torch.tanh(x)) / math.pi, [(4, 16)]),               # YOSO's LSH weight
     "asin": (lambda x: torch.asin(torch.tanh(x)), [(4, 16)]),
+    "index_put_mask_vector": (_masked_rows, [(2, 5, 8)]),
+    "index_put_mask_int64_scalar": (_masked_ids, [(2, 6)]),
+    "index_put_mask_after_slice_accumulate": (_masked_columns_accumulate, [(2, 5, 8)]),
+    "index_put_rows_of_a_runtime_count_xmod": (_adapter_per_row, [(3, 5, 8)]),
+    "index_put_rows_2d_mask_softmax": (_softmax_rows_2d_mask, [(2, 5, 8)]),
+    # FNet's token mixing: DFTs as cosine / sine matrix products (complex_to_real)
+    "fftn_real_fnet": (lambda x: torch.fft.fftn(x, dim=(1, 2)).real, [(2, 8, 12)]),
+    "fft_ortho_view_as_real": (lambda x: torch.view_as_real(torch.fft.fft(x, norm="ortho")), [(2, 3, 10)]),
+    "fft2_forward_imag": (lambda x: torch.fft.fft2(x * 2 + 1, norm="forward").imag, [(3, 6, 5)]),
+    "fft_of_a_complex_result": (lambda x: torch.view_as_real(torch.fft.fft(torch.fft.fft(x, dim=1), dim=2)),
+                                [(2, 8, 12)]),
     # MobileViTV2: fold of non-overlapping patches (kernel = stride) is a permutation of values
     "col2im_patches": (lambda x: F.fold(x * 2, (6, 4), 2, stride=2), [(2, 12, 6)]),
 }
@@ -208,7 +263,8 @@ def test_decomposed_ops_had_no_lowering():
     would silently stop testing the mechanism)."""
     for op in (aten.stack.default, aten.gather.default, aten.scatter.src, aten.expm1.default, aten.var_mean.correction,
                aten.convolution.default, aten.view_as_complex.default, aten.slice_scatter.default,
-               aten.erf.default, aten.acos.default, aten.asin.default, aten.col2im.default):
+               aten.erf.default, aten.acos.default, aten.asin.default, aten.col2im.default,
+               aten.index_put.default, aten.fft_fftn.default, aten.fft_fft.default, aten.real.default):
         assert lowering_for(op) is None, op
 
 
@@ -218,6 +274,24 @@ def test_op_without_a_lowering_or_decomposition_names_the_original_op():
     with pytest.raises(UnsupportedOpError, match="sort") as e:
         circle_fx.export(Fn(lambda x: torch.sort(x, dim=-1).values * 2), (randn(3, 4),))
     assert [op for op, _, _ in e.value.ops] == ["aten.sort.default"]
+
+
+def _centred_rows(x):
+    """``out[mask] = x[mask] - x[mask].mean(0)``: each value depends on every selected row."""
+    m = x[:, 0, 0] > 0
+    out = torch.zeros_like(x)
+    out[m] = x[m] - x[m].mean(0)
+    return out
+
+
+@pytest.mark.parametrize("fn, op", [
+    (_centred_rows, "boolean-mask indexing"),
+    (lambda x: torch.fft.fft(x, n=16).real, "fft_fft"),   # a size: padding first, not written
+], ids=["index_put_rows_mixed_across_rows", "fft_with_a_size"])
+def test_unwritten_forms_name_the_op(fn, op):
+    """Forms the rewrites do not take stay whole, and the error names the user's op."""
+    with pytest.raises(UnsupportedOpError, match=op):
+        circle_fx.export(Fn(fn), (randn(3, 4, 8),))
 
 
 def test_layer_norm_export_is_one_pass_of_ops_with_no_gelu_or_norm_op():

@@ -1,0 +1,126 @@
+"""Per-row dispatch through a boolean mask -> the row computation on every row, then a select.
+
+X-MOD's per-language adapters are written ``out[mask] = adapter(h[mask])``: ``h[mask]`` keeps a
+number of rows known only at run time (``nonzero``), and ``index_put`` writes the adapter's
+rows back in place. The same shape appears as ``y[mask] += v`` (an ``index`` then an
+``index_put`` with ``accumulate``). Neither has a static-shape form in Circle, but when the
+computation between them treats every selected row on its own (it only works within a row:
+linears, elementwise ops with weights that broadcast over the row's trailing dims, a layer norm
+or softmax inside the row), computing it on *every* row and keeping the selected ones gives
+the same values:
+
+    index_put(base, [mask], f(index(src, [mask])))  ==  where(mask, f(src), base)
+
+(``base + f(src)`` in the ``where`` for ``accumulate``). The cost is ``f`` on every row instead
+of the selected ones (X-MOD: each language's adapter runs on the whole batch). A chain with
+any other op (a reshape naming the run-time row count, a reduction across rows...) is left
+alone: the error names the boolean-mask read (or ``index_put``). A mask whose values broadcast over the
+selected positions (no run-time row count) is ``decompositions.index_put``'s.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..fx_utils import make_node, val
+from .nhwc import ELEMENTWISE
+
+aten = torch.ops.aten
+
+#: ops that keep rows apart given their weights (checked in ``_row_wise``)
+_PASS = {aten.clone.default, aten.alias.default, aten.dropout.default, aten.contiguous.default}
+_SOFTMAX = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default}
+
+
+def _static(v) -> bool:
+    return isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)
+
+
+def _mask_of(indices) -> tuple[int, fx.Node] | None:
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or not isinstance(given[0][1], fx.Node):
+        return None
+    m = val(given[0][1])
+    return given[0] if isinstance(m, torch.Tensor) and m.dtype == torch.bool and _static(m) else None
+
+
+def _row_wise(n: fx.Node, rows: set, p: int) -> bool:
+    """``n`` computes each row (index ``p`` of its row inputs) from that row alone: its
+    other tensor operands depend on no row and broadcast only over the dims after ``p``."""
+    rank = len(val(n).shape)
+    inner = rank - p - 1  # dims after the row dim
+
+    def outside_ok(a) -> bool:
+        if not isinstance(a, fx.Node):
+            return True
+        if a in rows:
+            return True
+        v = val(a)
+        return not isinstance(v, torch.Tensor) or (_static(v) and v.dim() <= inner)
+
+    t = n.target
+    if t in ELEMENTWISE or t in _PASS:
+        return all(outside_ok(a) for a in n.args) and all(outside_ok(a) for a in n.kwargs.values())
+    if t is aten.linear.default:
+        return inner >= 1 and n.args[0] in rows and all(a not in rows and _weight(a) for a in n.args[1:])
+    if t is aten.layer_norm.default:
+        return (n.args[0] in rows and len(n.args[1]) <= inner
+                and all(a is None or (a not in rows and outside_ok(a)) for a in n.args[2:4]))
+    if t in _SOFTMAX:
+        return n.args[0] in rows and n.args[1] % rank > p
+    return False
+
+
+def _weight(a) -> bool:
+    """A linear's weight or bias: a static tensor that is not a row (or no bias)."""
+    return a is None or (isinstance(a, fx.Node) and _static(val(a)))
+
+
+def masked_rows(n: fx.Node, g: fx.Graph) -> fx.Node | None:
+    """Rewrite rule for ``aten.index_put``; None leaves the node alone (see the module doc)."""
+    base, indices, values = n.args[0], n.args[1], n.args[2]
+    accumulate = bool(n.args[3]) if len(n.args) > 3 else bool(n.kwargs.get("accumulate", False))
+    found = _mask_of(indices)
+    if found is None or not isinstance(values, fx.Node) or _static(val(values)):
+        return None
+    p, mask = found
+    # the chain from the ``src[mask]`` reads to ``values``: every node of run-time row count
+    rows: set[fx.Node] = set()
+    sources: dict[fx.Node, fx.Node] = {}
+    stack = [values]
+    while stack:
+        v = stack.pop()
+        if v in rows:
+            continue
+        if v.op != "call_function" or _static(val(v)):
+            return None
+        rows.add(v)
+        if v.target is aten.index.Tensor and _mask_of(v.args[1]) == (p, mask) and _static(val(v.args[0])):
+            sources[v] = v.args[0]
+            continue
+        for a in v.all_input_nodes:
+            if not _static(val(a)) and a.op == "call_function":
+                stack.append(a)
+            elif not _static(val(a)):
+                return None
+    order = [v for v in g.nodes if v in rows and v not in sources]
+    if not sources or not all(_row_wise(v, rows, p) for v in order):
+        return None
+    # the same computation on every row (the sources themselves instead of their selections)
+    env = dict(sources)
+    for v in order:
+        args = fx.map_arg(v.args, lambda a: env.get(a, a))
+        kwargs = fx.map_arg(v.kwargs, lambda a: env.get(a, a))
+        if v.target in _SOFTMAX:  # counted from the end: the mask's dims replaced one row dim
+            args = (args[0], args[1] % len(val(v).shape) - len(val(v).shape), *args[2:])
+        env[v] = make_node(g, v.target, args, kwargs, like=v)
+    full = env[values]
+    shape = list(val(base).shape)
+    if list(val(full).shape) != shape:
+        return None
+    m = val(mask)
+    keep = make_node(g, aten.reshape.default, (mask, [1] * p + list(m.shape) + [1] * (len(shape) - p - m.dim())),
+                     like=n)
+    if accumulate:
+        full = make_node(g, aten.add.Tensor, (base, full), like=n)
+    return make_node(g, aten.where.self, (keep, full, base), like=n)
