@@ -7,7 +7,8 @@ masked LM and seq2seq LM (:data:`TASKS`). A family's config is built like the de
 vision / audio sizes of :data:`TINY_VISION` (per-stage lists keep their length, stages get one
 block and small widths), sub-configs (a backbone, an encoder) shrunk the same way. When that
 tiny config does not build or run in eager, the family's *default* config with two layers is
-tried (the row says which config ran), so a family is only skipped when neither builds.
+tried (the row says which config ran; a detector's queries are 10 in both), so a family is only
+skipped when neither builds.
 
 The example input is what the class's ``main_input_name`` asks for, sized from the config:
 ``pixel_values [1, C, S, S]`` (S: the config's ``image_size``, else 64), ``input_values [1, 1600]``
@@ -121,6 +122,11 @@ def _shrunk(default) -> dict:
     return kwargs
 
 
+#: token ids a model reads from its config with defaults in the full vocabulary: moved into
+#: the tiny one (ShieldGemma 2 scores its yes / no tokens, ids 10784 and 3771 by default)
+TOKEN_INDICES = {"ShieldGemma2Config": {"yes_token_index": 5, "no_token_index": 6}}
+
+
 def _widths_map(old_sub, new_sub) -> dict[int, int]:
     """A shrunk backbone's stage widths, old -> new (the parent's lists of them follow)."""
     old, new = getattr(old_sub, "hidden_sizes", None), getattr(new_sub, "hidden_sizes", None)
@@ -149,9 +155,14 @@ def _config(cls, tiny: bool):
                         if k not in kwargs and isinstance(v, (list, tuple)) and v and list(v) == sorted(set(v)) and all(
                                 isinstance(e, int) and e in widths for e in v):
                             kwargs[k] = [widths[e] for e in v]
+            kwargs.update(TOKEN_INDICES.get(cls.__name__, {}))
         else:
             kwargs = {k: 2 for k in ("num_hidden_layers", "encoder_layers", "decoder_layers")
                       if hf._has_attr(default, k) and isinstance(getattr(default, k), int) and getattr(default, k) > 2}
+            if isinstance(getattr(default, "num_queries", None), int) and default.num_queries > TINY_VISION["num_queries"]:
+                # a detector's top-k picks its queries among the encoder's anchors: a 64-pixel image
+                # has fewer than D-FINE's 300 (RT-DETR-style two-stage selection)
+                kwargs["num_queries"] = TINY_VISION["num_queries"]
         return hf._construct(cls, kwargs, keep=set())
 
 

@@ -443,6 +443,17 @@ def _crop_then_pad(x, pad, value=0.0):
     return torch.constant_pad_nd(x, grow, value) if any(grow) else x.clone()
 
 
+def _vector_weight(node) -> bool:
+    w = node.args[1].meta.get("val") if hasattr(node.args[1], "meta") else None
+    return isinstance(w, torch.Tensor) and w.dim() == 1
+
+
+def _linear_one_row(x, w, b=None):
+    """``F.linear`` with a 1-D weight: the weight as one row, then the unit last dim dropped
+    (what torch returns). Exact: the same products and sum."""
+    return torch.nn.functional.linear(x, w.unsqueeze(0), None if b is None else b.reshape(1)).squeeze(-1)
+
+
 _softmax = _softmax_on_last_axis(torch.softmax)
 _log_softmax = _softmax_on_last_axis(torch.log_softmax)
 
@@ -465,6 +476,7 @@ REFUSED_FORMS = {
     aten.__or__.Tensor: (_on_flags, _as_logical(torch.logical_or)),
     aten.bitwise_or.Tensor: (_on_flags, _as_logical(torch.logical_or)),
     aten.constant_pad_nd.default: (_always, _crop_then_pad),
+    aten.linear.default: (_vector_weight, _linear_one_row),
 }
 
 
@@ -503,6 +515,8 @@ DECOMPOSITIONS = {
     aten.argmax.default: _arg(torch.max),
     aten.argmin.default: _arg(torch.min),
     aten.min.other: lambda a, b: torch.minimum(a, b),
+    # onert 0.1.0 has no REDUCE_MIN (docs/onert-findings.md): the max of the negation, negated (exact)
+    aten.amin.default: lambda x, dim=(), keepdim=False: -torch.amax(-x, dim, keepdim),
     aten.max.other: lambda a, b: torch.maximum(a, b),
 }
 

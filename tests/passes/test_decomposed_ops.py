@@ -192,6 +192,8 @@ CASES = {
     "index_put_mask_after_slice_accumulate": (_masked_columns_accumulate, [(2, 5, 8)]),
     "index_put_rows_of_a_runtime_count_xmod": (_adapter_per_row, [(3, 5, 8)]),
     "index_put_rows_2d_mask_softmax": (_softmax_rows_2d_mask, [(2, 5, 8)]),
+    "amin": (lambda x: torch.amin(x, dim=1) + torch.amin(x, dim=(0, 2), keepdim=True).sum(), [(2, 5, 3)]),
+    "linear_vector_weight_dfine": (lambda x: F.linear(torch.softmax(x, -1), VEC), [(2, 5, 8)]),  # drops the last dim
     # FNet's token mixing: DFTs as cosine / sine matrix products (complex_to_real)
     "fftn_real_fnet": (lambda x: torch.fft.fftn(x, dim=(1, 2)).real, [(2, 8, 12)]),
     "fft_ortho_view_as_real": (lambda x: torch.view_as_real(torch.fft.fft(x, norm="ortho")), [(2, 3, 10)]),
@@ -264,7 +266,8 @@ def test_decomposed_ops_had_no_lowering():
     for op in (aten.stack.default, aten.gather.default, aten.scatter.src, aten.expm1.default, aten.var_mean.correction,
                aten.convolution.default, aten.view_as_complex.default, aten.slice_scatter.default,
                aten.erf.default, aten.acos.default, aten.asin.default, aten.col2im.default,
-               aten.index_put.default, aten.fft_fftn.default, aten.fft_fft.default, aten.real.default):
+               aten.index_put.default, aten.fft_fftn.default, aten.fft_fft.default, aten.real.default,
+               aten.amin.default):
         assert lowering_for(op) is None, op
 
 

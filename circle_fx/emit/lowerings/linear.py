@@ -33,7 +33,15 @@ aten = torch.ops.aten
 PADDING_VALID = 1  # circle.Padding.Padding.VALID
 
 
-@lowering(aten.linear.default)
+def _refused_vector_weight(info, node) -> str | None:
+    """A 1-D weight (``F.linear(x, w[K])``: a dot product that drops the last dim, D-FINE's
+    box-distribution projection) is not a matrix: the decomposition gives it one row."""
+    w = arguments(node)[1]
+    v = getattr(w, "meta", {}).get("val")
+    return "a 1-D weight (a dot product over the last dim)" if getattr(v, "dim", lambda: 2)() == 1 else None
+
+
+@lowering(aten.linear.default, refuses=_refused_vector_weight)
 def linear(ctx, node):
     x, w, b = (arguments(node) + [None])[:3]
     if w.op != "get_attr":
