@@ -7,8 +7,9 @@ masked LM and seq2seq LM (:data:`TASKS`). A family's config is built like the de
 vision / audio sizes of :data:`TINY_VISION` (per-stage lists keep their length, stages get one
 block and small widths), sub-configs (a backbone, an encoder) shrunk the same way. When that
 tiny config does not build or run in eager, the family's *default* config with two layers is
-tried (the row says which config ran; a detector's queries are 10 in both), so a family is only
-skipped when neither builds.
+tried (the row says which config ran; a detector's queries are 10 in both, and a timm ResNet
+backbone, DETR's default, is transformers' own ResNet: timm is not installed), so a family is
+only skipped when neither builds.
 
 The example input is what the class's ``main_input_name`` asks for, sized from the config:
 ``pixel_values [1, C, S, S]`` (S: the config's ``image_size``, else 64), ``input_values [1, 1600]``
@@ -163,6 +164,14 @@ def _config(cls, tiny: bool):
                 # a detector's top-k picks its queries among the encoder's anchors: a 64-pixel image
                 # has fewer than D-FINE's 300 (RT-DETR-style two-stage selection)
                 kwargs["num_queries"] = TINY_VISION["num_queries"]
+        bc = getattr(default, "backbone_config", None)
+        if getattr(bc, "model_type", None) == "timm_backbone":
+            # DETR and its kin default to a timm ResNet (timm is not installed here): transformers'
+            # own ResNet instead, with the same four stages, as a user without timm builds them
+            import transformers
+
+            resnet = transformers.ResNetConfig(out_indices=list(bc.out_indices or [1, 2, 3, 4]))
+            kwargs["backbone_config"] = type(resnet)(**{**resnet.to_dict(), **_shrunk(resnet)}) if tiny else resnet
         return hf._construct(cls, kwargs, keep=set())
 
 

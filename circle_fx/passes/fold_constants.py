@@ -39,12 +39,29 @@ def _is_tuple_of_tensors(n: fx.Node) -> bool:
             and bool(n.users) and all(u.target is operator.getitem for u in n.users))
 
 
+def _randomness_off(n: fx.Node) -> bool:
+    """A seeded op whose randomness is switched off by its arguments: attention or dropout with
+    probability 0 (every exported inference graph's ``scaled_dot_product_attention``; DETR's first
+    decoder self-attention reads only constants: zero queries and learned query positions)."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None:
+        return False
+    args = {a.name: a.default_value if a.has_default_value() else None for a in schema.arguments}
+    args.update(zip((a.name for a in schema.arguments), n.args))
+    args.update(n.kwargs)
+    if "dropout_p" in args:
+        return args["dropout_p"] == 0
+    if "train" in args and "p" in args:
+        return args["train"] is False or args["p"] == 0
+    return False
+
+
 def _is_foldable(n: fx.Node) -> bool:
     if n.op != "call_function":
         return False
     target = n.target
     tags = getattr(target, "tags", ())
-    if torch.Tag.nondeterministic_seeded in tags:
+    if torch.Tag.nondeterministic_seeded in tags and not _randomness_off(n):
         return False
     schema = getattr(target, "_schema", None)
     if schema is not None and (schema.is_mutable or any(a.alias_info and a.alias_info.is_write for a in schema.arguments)):

@@ -60,3 +60,22 @@ def test_fnet_fourier_mixing():
     cm = circle_fx.export(model, (ids,))
     with torch.no_grad():
         _close(cm.run(ids)[0], model(input_ids=ids).logits)
+
+
+def test_detr_with_a_transformers_resnet_backbone():
+    """DETR without timm (``use_timm_backbone=False``): its first decoder self-attention reads
+    only constants and folds; the cross-attention's queries are then constants too."""
+    torch.manual_seed(0)
+    backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                         out_features=["stage4"])
+    cfg = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, d_model=32, encoder_layers=1,
+                                  decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                                  encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=10, num_labels=3)
+    model = transformers.DetrForObjectDetection(cfg).eval()
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    cm = circle_fx.export(model, (x,))
+    with torch.no_grad():
+        want = model(pixel_values=x)
+    got = cm.run(x)
+    _close(got[0], want.logits)
+    _close(got[1], want.pred_boxes)

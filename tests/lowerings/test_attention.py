@@ -70,3 +70,43 @@ def test_float_mask_is_added(const):
     cm = assert_onert_matches_eager(module, inputs, rtol=1e-4, atol=1e-5)
     assert ops(cm)["SELECT_V2"] == 0
 
+
+
+class ConstantQueries(torch.nn.Module):
+    """DETR's decoder: learned queries attend to the encoder's keys and values. The query side
+    depends on no input, so folding makes ``q`` a constant, which onert 0.1.0 refuses as a
+    BATCH_MATMUL lhs ("OperationValidator failed at line 123"): the product is emitted as
+    ``(K q^T)^T``. Also the grouped-head form (4 query heads on 2 key/value heads)."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.q = torch.nn.Parameter(torch.randn(1, heads, L, E, generator=torch.Generator().manual_seed(3)))
+
+    def forward(self, k, v):
+        q = self.q.expand(k.shape[0], -1, -1, -1) * 0.5  # an op on the constant: folded
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
+
+
+@pytest.mark.parametrize("heads", [HKV, HQ], ids=["same_heads", "grouped"])
+def test_constant_queries(heads):
+    _, k, v = qkv()
+    assert_onert_matches_eager(ConstantQueries(heads), (k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_of_constants_is_folded():
+    """Attention over constants only (DETR's first decoder self-attention: zero queries plus
+    learned positions) is evaluated at compile time: its op is seeded (dropout), but with
+    ``dropout_p == 0`` it is deterministic and folding takes it."""
+    q, k, v = qkv(hk=HQ)
+
+    class Fixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("q", q[:1].clone())
+            self.register_buffer("k", k[:1].clone())
+
+        def forward(self, x):
+            return F.scaled_dot_product_attention(self.q, self.k, self.k * 2) + x
+
+    cm = assert_onert_matches_eager(Fixed(), (v[:1],), rtol=1e-4, atol=1e-5)
+    assert "BATCH_MATMUL" not in ops(cm) and "SOFTMAX" not in ops(cm), ops(cm)

@@ -40,7 +40,8 @@ def _constant_lhs(ctx, lhs, b: int, out: int) -> None:
     """``A @ B`` with a constant ``A`` (Mamba's ``dt_proj.weight @ x``, ``W @ v``): onert 0.1.0
     refuses a constant BATCH_MATMUL lhs ("OperationValidator failed at line 123"; a constant
     rhs is fine), so this computes ``(B^T @ A^T)^T`` with ``A^T`` transposed at compile time.
-    Here, the one place that emits BATCH_MATMUL, every caller and every rank is covered. A 1-D
+    Every BATCH_MATMUL whose lhs can be a constant is emitted through here (matmul, bmm, the
+    linear's BATCH_MATMUL form, attention's ``q @ K^T``), at every rank. A 1-D
     ``B`` (``[K, 1]`` as torch reads it) is the row ``[1, K]`` as it stands, and a 1-D ``A``
     (``[1, K]``) is the column ``[K, 1]``: then the product needs a RESHAPE, not a TRANSPOSE."""
     bd, bh = ctx.tensor_dims(b), ctx.tensor_hint(b)

@@ -34,6 +34,7 @@ from ..registry import lowering
 from ..types import numpy_dtype
 from .scan import causal_allowed
 from ._attention_gqa import sdpa_grouped
+from ._matmul import batch_matmul
 from ._common import BO, operand, options
 
 aten = torch.ops.aten
@@ -53,7 +54,7 @@ def sdpa(ctx, node):
     if rank == 4 and kh[1] != qh[1]:
         if qh[1] % kh[1]:
             raise ctx.error(f"query heads {qh[1]} are not a multiple of key/value heads {kh[1]}")
-        if not dynamic and not is_causal:
+        if not dynamic and not is_causal and ctx.constant(q) is None:  # (a constant q: the path below)
             return sdpa_grouped(ctx, node, q, k, v, mask, scale, _apply_mask)
         kt, kd, kh = _repeat_heads(ctx, kt, kd, kh, qh[1], dt, "k")
         vt, vd, vh = _repeat_heads(ctx, vt, vd, vh, qh[1], dt, "v")
@@ -64,7 +65,9 @@ def sdpa(ctx, node):
     dims = broadcast(qd[:-2], kd[:-2]) + [qd[-2], kd[-2]]
     hint = broadcast(qh[:-2], kh[:-2]) + [qh[-2], kh[-2]]
     scores = ctx.new_tensor(dims, dt, "scores", hint)
-    ctx.op(BO.BATCH_MATMUL, [ctx.tensor(q), k_t], [scores], options("BatchMatMulOptions"))
+    # through batch_matmul: a constant q (DETR's first decoder layer: learned queries, folded
+    # before its cross-attention) must not be a BATCH_MATMUL lhs in onert 0.1.0
+    batch_matmul(ctx, ctx.tensor(q), k_t, scores)
     scale = 1.0 / math.sqrt(qh[-1]) if scale is None else scale
     logits = ctx.new_tensor(dims, dt, "scaled", hint)
     ctx.op(BO.MUL, [scores, ctx.tensor(float(scale), dt)], [logits], options("MulOptions"))
