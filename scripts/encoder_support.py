@@ -97,8 +97,9 @@ def _float64_note(model, args, kwargs, outs, expected) -> str:
     import numpy as np
     import torch
 
+    picks = _TopkSpy()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), picks:
             ref = model.double()(*[a.double() if a.is_floating_point() else a for a in args], **kwargs)
         model.float()
         exact = [t.detach().numpy() for t in ef.tensors(ref)][:len(outs)]
@@ -107,7 +108,46 @@ def _float64_note(model, args, kwargs, outs, expected) -> str:
         scale = max(float(np.abs(x).max()) for x in exact if x.size)
     except Exception as e:  # noqa: BLE001 - the note is optional
         return f" (no float64 run: {type(e).__name__})"
-    return (f"; against eager in float64 (outputs up to {scale:.3g}): onert {onert:.2g}, eager float32 {eager:.2g}")
+    note = f"; against eager in float64 (outputs up to {scale:.3g}): onert {onert:.2g}, eager float32 {eager:.2g}"
+    if picks.gap is not None:
+        note += (f"; its top-k selection is not determined in float32: the k-th and (k+1)-th scores differ by "
+                 f"{picks.gap:.2g} in float64")
+    return note
+
+
+class _TopkSpy:
+    """Records, while active, the smallest float64 gap between the k-th and (k+1)-th largest
+    value over every ``torch.topk`` the model calls (RT-DETR-style detectors pick their queries
+    among the encoder's anchors by score). A gap far below float32's resolution means the
+    selection, and every output after it, is decided by rounding."""
+
+    def __init__(self):
+        self.gap = None
+
+    def __enter__(self):
+        import torch
+
+        self.topk = torch.topk
+
+        def spy(x, k, dim=-1, largest=True, sorted=True, **kw):
+            out = self.topk(x, k, dim, largest, sorted, **kw)
+            if x.dtype == torch.float64 and x.shape[dim] > k:
+                ranked = torch.sort(x, dim=dim, descending=largest).values
+                edge = (ranked.narrow(dim, k - 1, 1) - ranked.narrow(dim, k, 1)).abs()
+                gap = float(edge.min())
+                self.gap = gap if self.gap is None else min(self.gap, gap)
+            return out
+
+        torch.topk = spy
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.topk = self.topk
+        if self.gap is not None and self.gap > 1e-5:
+            self.gap = None  # resolved in float32: not the cause
+        return False
 
 
 def markdown(rows: list[dict], total: int | None = None) -> str:
