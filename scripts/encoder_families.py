@@ -190,7 +190,9 @@ def example_candidates(model, fam: Family):
     if name not in ("input_values", "input_features"):
         return
     cfg = model.config
-    widths = [getattr(cfg, k) for k in FEATURE_FIELDS if isinstance(getattr(cfg, k, None), int)]
+    subs = [getattr(cfg, k, None) for k in getattr(cfg, "sub_configs", {})]  # Parakeet: encoder_config
+    widths = [getattr(c, k) for c in [cfg, *subs] if c is not None for k in FEATURE_FIELDS
+              if isinstance(getattr(c, k, None), int)]
     if isinstance(getattr(cfg, "input_feat_per_channel", None), int) and isinstance(getattr(cfg, "input_channels", None), int):
         widths.append(cfg.input_feat_per_channel * cfg.input_channels)
     lengths = [20, getattr(cfg, "max_length", 64) if isinstance(getattr(cfg, "max_length", None), int) else 64]
