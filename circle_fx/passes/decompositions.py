@@ -350,6 +350,23 @@ def index_put(x, indices, values, accumulate=False):
     return torch.where(m, new, x)
 
 
+def pad(x, pad, mode="constant", value=None):
+    """``F.pad(mode="circular")`` (periodic boundaries): each padded dim, from the last, is the
+    wrapped-around end slices concatenated around it (so corners wrap in both dims, as torch's).
+    Exact: values are only moved. Other modes: torch's own decomposition."""
+    if mode != "circular":
+        return aten.pad.default.decompose(x, pad, mode, value)
+    if any(p < 0 for p in pad):
+        raise NotImplementedError("circular padding with a negative amount")
+    for i in range(len(pad) // 2):
+        d = x.dim() - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        n = x.shape[d]
+        parts = ([x.narrow(d, n - lo, lo)] if lo else []) + [x] + ([x.narrow(d, 0, hi)] if hi else [])
+        x = torch.cat(parts, d) if len(parts) > 1 else x
+    return x
+
+
 def _softmax_on_last_axis(fn):
     """``softmax`` / ``log_softmax`` over any axis: onert's SOFTMAX reduces the last axis,
     so the axis is moved there and back (two TRANSPOSEs); a dtype change (``dtype=`` or
@@ -494,6 +511,7 @@ DECOMPOSITIONS = {
     aten.log1p.default: log1p,
     aten.erf.default: erf,
     aten.slice_scatter.default: slice_scatter,
+    aten.pad.default: pad,
     aten.index_put.default: index_put,
     aten.acos.default: acos,
     aten.asin.default: asin,

@@ -11,8 +11,11 @@ CONV_1D. ``padding="same"`` and ``ceil_mode`` become explicit (possibly asymmetr
 the lowering picks Circle's SAME padding when it is the same thing, else a PAD in front.
 Transposed 2-D convolutions are convolutions too (onert 0.1.0 has no TRANSPOSE_CONV kernel:
 "KernelGenerator: NYI"): zeros inserted between the input's rows and columns (a reshape and
-a PAD, in NHWC), then a stride-1 convolution with the flipped kernel. Forms Circle cannot
-run (3-D, dilated pools) return ``NotImplemented`` and stay unsupported with the op's name.
+a PAD, in NHWC), then a stride-1 convolution with the flipped kernel; 1-D ones (a vocoder's
+upsampling) are 2-D ones over a unit height. A dilated max pool (MAX_POOL_2D has no dilation)
+is the maximum of its ``kh * kw`` strided slices of the ``-inf``-padded input. Forms Circle
+cannot run (3-D convolutions and pools) return ``NotImplemented`` and stay unsupported with the
+op's name.
 """
 from __future__ import annotations
 
@@ -75,6 +78,10 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
     between input rows/columns, ``dilation * (k - 1) - padding`` rows of zero padding in front
     (``+ output_padding`` behind), a stride-1 convolution with the kernel flipped and its
     in/out channels swapped per group. Exact: the same products, summed in another order."""
+    if x.dim() == 3 and weight.dim() == 3:  # 1-D: a unit height, the 2-D form, the height dropped
+        y = conv_transpose(x.unsqueeze(2), weight.unsqueeze(2), bias, [1, _pair(stride, 1)[0]], [0, _pair(padding, 1)[0]],
+                           [0, _pair(output_padding, 1)[0]], groups, [1, _pair(dilation, 1)[0]])
+        return y if y is NotImplemented else y.squeeze(2)
     if x.dim() != 4 or weight.dim() != 4:
         return NotImplemented
     stride, padding, output_padding, dilation = _pair(stride), _pair(padding), _pair(output_padding), _pair(dilation)
@@ -135,16 +142,48 @@ def _clipped(k, x, p) -> list[int]:
 
 
 def max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    if x.dim() != 4 or _pair(dilation) != [1, 1]:
+    if x.dim() != 4:
         return NotImplemented
     p = _pair(padding)
     k = _pair(kernel_size)
     s = _pair(stride) if stride else k
+    if _pair(dilation) != [1, 1]:
+        return _dilated_max_pool2d(x, k, s, p, _pair(dilation), ceil_mode)
     k = _clipped(k, x, p)
     pads = []
     for i in range(2):
         pads += [p[i], p[i] + _ceil_extra(x.shape[2 + i], k[i], s[i], p[i], _pool_out(x.shape[2 + i], k[i], s[i], p[i], ceil_mode))]
     return max_pool2d_nhwc(x.permute(TO_NHWC), k, s, pads).permute(TO_NCHW)
+
+
+def _dilated_max_pool2d(x, k, s, p, d, ceil_mode):
+    """The maximum over the window's ``k[0] * k[1]`` taps, each a strided slice of the input
+    padded with ``-inf`` (torch's padding for a max pool, plus what a ``ceil_mode`` window reads
+    past it). Exact: a maximum of the same values."""
+    y = x.permute(TO_NHWC)
+    span = [d[i] * (k[i] - 1) + 1 for i in range(2)]
+    out = [_pool_out(x.shape[2 + i], span[i], s[i], p[i], ceil_mode) for i in range(2)]
+    after = [max((out[i] - 1) * s[i] + span[i] - x.shape[2 + i] - p[i], 0) for i in range(2)]
+    y = torch.nn.functional.pad(y, [0, 0, p[1], after[1], p[0], after[0]], value=float("-inf"))
+    best = None
+    for i in range(k[0]):
+        for j in range(k[1]):
+            tap = y[:, i * d[0]: i * d[0] + (out[0] - 1) * s[0] + 1: s[0], j * d[1]: j * d[1] + (out[1] - 1) * s[1] + 1: s[1]]
+            best = tap if best is None else torch.maximum(best, tap)
+    return best.permute(TO_NCHW)
+
+
+def max_pool1d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """``[N, C, L]`` (or ``[C, L]``) pooled as ``[N, C, 1, L]`` by :func:`max_pool2d`."""
+    if x.dim() not in (2, 3):
+        return NotImplemented
+    k = _pair(kernel_size, 1)[0]
+    y = max_pool2d(x.unsqueeze(-2) if x.dim() == 3 else x.unsqueeze(0).unsqueeze(-2), [1, k],
+                   [1, _pair(stride, 1)[0]] if stride else [1, k], [0, _pair(padding, 1)[0]],
+                   [1, _pair(dilation, 1)[0]], ceil_mode)
+    if y is NotImplemented:
+        return y
+    return y.squeeze(-2) if x.dim() == 3 else y.squeeze(-2).squeeze(0)
 
 
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
@@ -223,7 +262,9 @@ DECOMPOSITIONS = {
     aten.conv2d.padding: conv,
     aten.convolution.default: convolution,
     aten.conv_transpose2d.input: conv_transpose,
+    aten.conv_transpose1d.default: conv_transpose,
     aten.max_pool2d.default: max_pool2d,
+    aten.max_pool1d.default: max_pool1d,
     aten.avg_pool2d.default: avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,

@@ -3,7 +3,8 @@
 Each form exercises one decision of ``passes/decompositions_nhwc.py`` / ``emit/lowerings/conv.py``:
 SAME vs PAD + VALID, asymmetric padding (``padding="same"`` with an even kernel, ``ceil_mode``),
 depthwise with and without a channel multiplier, other group counts (SPLIT + CONCATENATION),
-dilation, 1-D convolutions as 2-D ones, and the average-pool divisor correction.
+dilation (a dilated max pool as strided taps), 1-D convolutions, transposed ones and max pools
+as 2-D ones, circular padding, and the average-pool divisor correction.
 """
 from __future__ import annotations
 
@@ -74,6 +75,19 @@ FORMS = {
     "conv_transpose_grouped_dilated": (nn.ConvTranspose2d(4, 6, 3, stride=2, groups=2, dilation=2, padding=1), X4,
                                        "SPLIT"),
     "conv_transpose_depthwise": (nn.ConvTranspose2d(4, 4, 3, stride=2, groups=4), X4, "DEPTHWISE_CONV_2D"),
+    # 1-D transposed (a vocoder's upsampling): a unit height, the 2-D form
+    "conv_transpose1d_s2_outpad": (nn.ConvTranspose1d(4, 3, 4, stride=2, padding=1, output_padding=1), r(2, 4, 10),
+                                   "CONV_2D"),
+    "conv_transpose1d_grouped": (nn.ConvTranspose1d(4, 6, 3, stride=3, groups=2), r(1, 4, 7), "SPLIT"),
+    # dilated max pools: MAX_POOL_2D has no dilation, so the maximum of the window's strided taps
+    "max_pool_dilated": (nn.MaxPool2d(3, 1, 1, dilation=2), X4, "MAXIMUM"),
+    "max_pool_dilated_rect_ceil": (nn.MaxPool2d((3, 2), (2, 1), (1, 0), dilation=(2, 3), ceil_mode=True), X4,
+                                   "MAXIMUM"),
+    "max_pool1d": (nn.MaxPool1d(3, 2, 1), r(2, 4, 11), "MAX_POOL_2D"),
+    "max_pool1d_dilated_ceil": (nn.MaxPool1d(3, 2, 1, dilation=2, ceil_mode=True), r(2, 4, 11), "MAXIMUM"),
+    "max_pool1d_unbatched": (nn.MaxPool1d(2), r(4, 10), "MAX_POOL_2D"),
+    # periodic boundaries: the wrapped-around slices concatenated
+    "circular_pad_conv": (nn.Conv2d(4, 3, 3, padding=(1, 2), padding_mode="circular"), X4, "CONCATENATION"),
     # norms and resampling: exact decompositions into ops onert runs
     "group_norm": (nn.GroupNorm(2, 4), X4, "MEAN"),
     "group_norm_per_channel_no_affine": (nn.GroupNorm(4, 4, affine=False), r(2, 4, 10), "MEAN"),
@@ -100,8 +114,8 @@ def test_same_padding_needs_no_pad_op():
 
 
 def test_unsupported_forms_name_the_op():
-    with pytest.raises(CircleFxError, match="max_pool2d"):
-        circle_fx.export(nn.MaxPool2d(2, dilation=2).eval(), (X4,))  # Circle's MAX_POOL_2D has no dilation
+    with pytest.raises(CircleFxError, match="conv3d"):  # Circle has no CONV_3D
+        circle_fx.export(nn.Conv3d(4, 2, 2).eval(), (X4.unsqueeze(2).expand(-1, -1, 3, -1, -1),))
     with pytest.raises(CircleFxError, match="must be a constant"):
         circle_fx.export(Fn(lambda x, w: torch.nn.functional.conv2d(x, w)), (X3, r(2, 3, 3, 3)))
 
