@@ -77,18 +77,25 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
     """``conv_transpose2d`` as the convolution it is the adjoint of: ``stride - 1`` zeros
     between input rows/columns, ``dilation * (k - 1) - padding`` rows of zero padding in front
     (``+ output_padding`` behind), a stride-1 convolution with the kernel flipped and its
-    in/out channels swapped per group. Exact: the same products, summed in another order."""
-    if x.dim() == 3 and weight.dim() == 3:  # 1-D: a unit height, the 2-D form, the height dropped
-        y = conv_transpose(x.unsqueeze(2), weight.unsqueeze(2), bias, [1, _pair(stride, 1)[0]], [0, _pair(padding, 1)[0]],
-                           [0, _pair(output_padding, 1)[0]], groups, [1, _pair(dilation, 1)[0]])
-        return y if y is NotImplemented else y.squeeze(2)
+    in/out channels swapped per group. Exact: the same products, summed in another order.
+    1-D (``[B, C, L]``): the 2-D form over ``[B, 1, L, C]``, entered like :func:`_conv_nd`'s
+    1-D convolutions so the permutes between them cancel."""
+    if x.dim() == 3 and weight.dim() == 3:
+        y = _conv_transpose_nhwc(x.permute(0, 2, 1).unsqueeze(1), weight.unsqueeze(2), bias, [1, _pair(stride, 1)[0]],
+                                 [0, _pair(padding, 1)[0]], [0, _pair(output_padding, 1)[0]], groups,
+                                 [1, _pair(dilation, 1)[0]])
+        return y.squeeze(1).permute(0, 2, 1)
     if x.dim() != 4 or weight.dim() != 4:
         return NotImplemented
-    stride, padding, output_padding, dilation = _pair(stride), _pair(padding), _pair(output_padding), _pair(dilation)
+    return _conv_transpose_nhwc(x.permute(TO_NHWC), weight, bias, _pair(stride), _pair(padding), _pair(output_padding),
+                                groups, _pair(dilation)).permute(TO_NCHW)
+
+
+def _conv_transpose_nhwc(y, weight, bias, stride, padding, output_padding, groups, dilation):
+    """:func:`conv_transpose` on an NHWC input, giving NHWC."""
     c_in, c_out_g, kh, kw = weight.shape
     w = weight.reshape(groups, c_in // groups, c_out_g, kh, kw).transpose(1, 2)
     w = w.reshape(groups * c_out_g, c_in // groups, kh, kw).flip(2, 3)
-    y = x.permute(TO_NHWC)
     n, h, wd, c = y.shape
     # zeros after every row, then every column, each a 3-D PAD (onert: "Padding for rank > 4 NYI")
     if stride[0] > 1:  # [N*H, 1, W*C] -> [N*H, sH, W*C]
@@ -110,7 +117,7 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
             y = y.narrow(1 + i, 0, y.shape[1 + i] + after)
             after = 0
         pads += [before, after]
-    return conv2d_nhwc(y, w, bias, [1, 1], pads, dilation, groups).permute(TO_NCHW)
+    return conv2d_nhwc(y, w, bias, [1, 1], pads, dilation, groups)
 
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -144,46 +151,44 @@ def _clipped(k, x, p) -> list[int]:
 def max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     if x.dim() != 4:
         return NotImplemented
-    p = _pair(padding)
     k = _pair(kernel_size)
-    s = _pair(stride) if stride else k
-    if _pair(dilation) != [1, 1]:
-        return _dilated_max_pool2d(x, k, s, p, _pair(dilation), ceil_mode)
-    k = _clipped(k, x, p)
-    pads = []
-    for i in range(2):
-        pads += [p[i], p[i] + _ceil_extra(x.shape[2 + i], k[i], s[i], p[i], _pool_out(x.shape[2 + i], k[i], s[i], p[i], ceil_mode))]
-    return max_pool2d_nhwc(x.permute(TO_NHWC), k, s, pads).permute(TO_NCHW)
+    return _max_pool_nhwc(x.permute(TO_NHWC), k, _pair(stride) if stride else k, _pair(padding), _pair(dilation),
+                          ceil_mode).permute(TO_NCHW)
 
 
-def _dilated_max_pool2d(x, k, s, p, d, ceil_mode):
-    """The maximum over the window's ``k[0] * k[1]`` taps, each a strided slice of the input
-    padded with ``-inf`` (torch's padding for a max pool, plus what a ``ceil_mode`` window reads
-    past it). Exact: a maximum of the same values."""
-    y = x.permute(TO_NHWC)
+def max_pool1d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """``[N, C, L]`` (or ``[C, L]``) pooled as ``[N, 1, L, C]`` (entered like a 1-D convolution)."""
+    if x.dim() not in (2, 3):
+        return NotImplemented
+    k = _pair(kernel_size, 1)[0]
+    y = x if x.dim() == 3 else x.unsqueeze(0)
+    y = _max_pool_nhwc(y.permute(0, 2, 1).unsqueeze(1), [1, k], [1, _pair(stride, 1)[0] if stride else k],
+                       [0, _pair(padding, 1)[0]], [1, _pair(dilation, 1)[0]], ceil_mode).squeeze(1).permute(0, 2, 1)
+    return y if x.dim() == 3 else y.squeeze(0)
+
+
+def _max_pool_nhwc(y, k, s, p, d, ceil_mode):
+    """A max pool of NHWC ``y``: MAX_POOL_2D, or for a dilated window the maximum over its
+    ``k[0] * k[1]`` taps, each a strided slice of the input padded with ``-inf`` (torch's padding
+    for a max pool, plus what a ``ceil_mode`` window reads past it; MAX_POOL_2D has no
+    dilation). Exact: a maximum of the same values."""
+    size = [y.shape[1], y.shape[2]]
+    if d == [1, 1]:
+        k = [min(k[i], size[i] + 2 * p[i]) for i in range(2)]  # see _clipped
+        pads = []
+        for i in range(2):
+            pads += [p[i], p[i] + _ceil_extra(size[i], k[i], s[i], p[i], _pool_out(size[i], k[i], s[i], p[i], ceil_mode))]
+        return max_pool2d_nhwc(y, k, s, pads)
     span = [d[i] * (k[i] - 1) + 1 for i in range(2)]
-    out = [_pool_out(x.shape[2 + i], span[i], s[i], p[i], ceil_mode) for i in range(2)]
-    after = [max((out[i] - 1) * s[i] + span[i] - x.shape[2 + i] - p[i], 0) for i in range(2)]
+    out = [_pool_out(size[i], span[i], s[i], p[i], ceil_mode) for i in range(2)]
+    after = [max((out[i] - 1) * s[i] + span[i] - size[i] - p[i], 0) for i in range(2)]
     y = torch.nn.functional.pad(y, [0, 0, p[1], after[1], p[0], after[0]], value=float("-inf"))
     best = None
     for i in range(k[0]):
         for j in range(k[1]):
             tap = y[:, i * d[0]: i * d[0] + (out[0] - 1) * s[0] + 1: s[0], j * d[1]: j * d[1] + (out[1] - 1) * s[1] + 1: s[1]]
             best = tap if best is None else torch.maximum(best, tap)
-    return best.permute(TO_NCHW)
-
-
-def max_pool1d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """``[N, C, L]`` (or ``[C, L]``) pooled as ``[N, C, 1, L]`` by :func:`max_pool2d`."""
-    if x.dim() not in (2, 3):
-        return NotImplemented
-    k = _pair(kernel_size, 1)[0]
-    y = max_pool2d(x.unsqueeze(-2) if x.dim() == 3 else x.unsqueeze(0).unsqueeze(-2), [1, k],
-                   [1, _pair(stride, 1)[0]] if stride else [1, k], [0, _pair(padding, 1)[0]],
-                   [1, _pair(dilation, 1)[0]], ceil_mode)
-    if y is NotImplemented:
-        return y
-    return y.squeeze(-2) if x.dim() == 3 else y.squeeze(-2).squeeze(0)
+    return best
 
 
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):

@@ -193,6 +193,7 @@ CASES = {
     aten.relu.default: (Fn(torch.relu), (A,)),
     aten.silu.default: (Fn(F.silu), (A,)),
     aten.gelu.default: (Fn(F.gelu), (A,)),
+    aten.leaky_relu.default: (Fn(lambda x: F.leaky_relu(x, 0.2)), (A,)),
     aten.eq.Tensor: (Fn(lambda a, b: a == b), (ints(2, 4), ints(2, 4, seed=1))),
     aten.eq.Scalar: (Fn(lambda a: a == 2), (ints(2, 4),)),
     aten.ne.Tensor: (Fn(lambda a, b: a != b), (ints(2, 4), ints(2, 4, seed=1))),

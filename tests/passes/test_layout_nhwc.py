@@ -105,6 +105,29 @@ def test_conv1d_stack_keeps_channels_last():
     assert _transposes(cm) == 2, cm.op_histogram()
 
 
+class _Upsampler(nn.Module):
+    """A vocoder's shape (HiFi-GAN): leaky ReLU, a transposed 1-D convolution, a residual block of
+    dilated 1-D convolutions, a 1-D max pool; every piece enters channels-last the same way."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose1d(8, 4, 4, stride=2, padding=1)
+        self.convs = nn.ModuleList([nn.Conv1d(4, 4, 3, dilation=d, padding=d) for d in (1, 3)])
+        self.pool = nn.MaxPool1d(3, 1, 1)
+
+    def forward(self, x):
+        x = self.up(nn.functional.leaky_relu(x, 0.1))
+        for c in self.convs:
+            x = x + c(nn.functional.leaky_relu(x, 0.1))
+        return torch.tanh(self.pool(x))
+
+
+def test_1d_upsampler_keeps_channels_last():
+    torch.manual_seed(0)
+    cm = assert_onert_matches_eager(_Upsampler().eval(), (torch.randn(1, 8, 10),), rtol=1e-4, atol=1e-5)
+    assert _transposes(cm) <= 2, cm.op_histogram()
+
+
 def test_nchw_operand_from_elsewhere_is_not_moved():
     """Near miss: ``conv(x) + x`` adds an NCHW input that is not a permute: the ADD stays in
     NCHW (moving it would need a TRANSPOSE of ``x`` at run time) and the result is exact."""

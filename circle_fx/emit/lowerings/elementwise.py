@@ -115,6 +115,16 @@ def gelu(ctx, node):
            options("GeluOptions", approximate=(approximate == "tanh")))
 
 
+@lowering(aten.leaky_relu.default)
+def leaky_relu(ctx, node):
+    """LEAKY_RELU (exact in onert 0.1.0: ``x if x > 0 else alpha * x``, one rounding as torch's);
+    it was GREATER + MUL + SELECT_V2 through torch's decomposition, which the layout pass does
+    not carry a permute through (a vocoder's every 1-D convolution then kept its TRANSPOSEs)."""
+    slope = arguments(node)[1]
+    ctx.op(BO.LEAKY_RELU, [ctx.tensor(node.args[0])], [ctx.output(node)],
+           options("LeakyReluOptions", alpha=float(slope)))
+
+
 @lowering(aten.reciprocal.default)
 def reciprocal(ctx, node):
     dt = ctx.dtype(node)
