@@ -126,6 +126,10 @@ def _shrunk(default) -> dict:
 #: token ids a model reads from its config with defaults in the full vocabulary: moved into
 #: the tiny one (ShieldGemma 2 scores its yes / no tokens, ids 10784 and 3771 by default)
 TOKEN_INDICES = {"ShieldGemma2Config": {"yes_token_index": 5, "no_token_index": 6}}
+#: parts a family's default config leaves out (its checkpoints' configs have them), given small
+#: values in both configs: Sapiens 2's segmentation head (None by default: the model cannot be built)
+CONFIG_PARTS = {"Sapiens2Config": {"head_config": {"upsample_out_channels": [16, 16], "use_pixel_shuffle": False,
+                                                   "conv_out_channels": [16]}}}
 
 
 def _widths_map(old_sub, new_sub) -> dict[int, int]:
@@ -164,6 +168,7 @@ def _config(cls, tiny: bool):
                 # a detector's top-k picks its queries among the encoder's anchors: a 64-pixel image
                 # has fewer than D-FINE's 300 (RT-DETR-style two-stage selection)
                 kwargs["num_queries"] = TINY_VISION["num_queries"]
+        kwargs.update(CONFIG_PARTS.get(cls.__name__, {}))
         bc = getattr(default, "backbone_config", None)
         if getattr(bc, "model_type", None) == "timm_backbone":
             # DETR and its kin default to a timm ResNet (timm is not installed here): transformers'
@@ -277,30 +282,22 @@ def build(fam: Family):
             for sub in [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]:
                 if hasattr(sub, "use_cache"):  # a multimodal model's text part caches too
                     sub.use_cache = False
+            configs = [config]
             if fam.task == "semantic-segmentation" and isinstance(getattr(config, "out_indices", None), (list, tuple)) \
                     and len(config.out_indices) != 4 and isinstance(getattr(config, "num_hidden_layers", None), int):
-                # BEiT-style segmentation reads four backbone layers
+                # BEiT-style segmentation reads four backbone layers (tried when the config as it is
+                # fails: Sapiens 2's head reads one)
                 n = max(4, config.num_hidden_layers)  # stage names follow the layer count: rebuild
-                config = type(config)(**{**config.to_dict(), "num_hidden_layers": n, "out_features": None,
-                                         "out_indices": list(range(n - 3, n + 1))})
-            torch.manual_seed(0)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = cls(config).eval()
-            languages = getattr(config, "languages", None)
-            if hasattr(model, "set_default_language") and languages:  # X-MOD: one adapter per language
-                model.set_default_language(languages[0])
-            params = inspect.signature(model.forward).parameters
-            first_error = None
-            for args, kwargs in example_candidates(model, fam):
-                if "return_dict" in params:
-                    kwargs.setdefault("return_dict", False)
-                if "use_cache" in params:  # no cache object in the outputs (torch.export cannot return one)
-                    kwargs.setdefault("use_cache", False)
                 try:
-                    with torch.no_grad():
-                        ref = model(*args, **kwargs)
-                except Exception as e:  # noqa: BLE001 - the next layout of the input; report the first
+                    configs.append(type(config)(**{**config.to_dict(), "num_hidden_layers": n, "out_features": None,
+                                                   "out_indices": list(range(n - 3, n + 1))}))
+                except Exception:  # noqa: BLE001 - the config as it is stays the only one
+                    pass
+            first_error = None
+            for config in configs:
+                try:
+                    model, args, kwargs, ref = _run(cls, config, fam)
+                except Exception as e:  # noqa: BLE001 - the next config; report the first error
                     first_error = first_error or e
                     continue
                 return model, kind, args, kwargs, ref
@@ -310,6 +307,32 @@ def build(fam: Family):
         except Exception as e:  # noqa: BLE001 - try the next config, report both
             errors.append(f"{kind}: {type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}")
     raise hf.SkipFamily("does not build / run in eager (" + "; ".join(errors) + ")")
+
+
+def _run(cls, config, fam: Family):
+    """(model, args, kwargs, eager outputs) of ``cls(config)`` on the first example input that runs."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls(config).eval()
+    languages = getattr(config, "languages", None)
+    if hasattr(model, "set_default_language") and languages:  # X-MOD: one adapter per language
+        model.set_default_language(languages[0])
+    params = inspect.signature(model.forward).parameters
+    first_error = None
+    for args, kwargs in example_candidates(model, fam):
+        if "return_dict" in params:
+            kwargs.setdefault("return_dict", False)
+        if "use_cache" in params:  # no cache object in the outputs (torch.export cannot return one)
+            kwargs.setdefault("use_cache", False)
+        try:
+            with torch.no_grad():
+                ref = model(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the next layout of the input; report the first
+            first_error = first_error or e
+            continue
+        return model, args, kwargs, ref
+    raise first_error
 
 
 def tensors(out) -> list[torch.Tensor]:
