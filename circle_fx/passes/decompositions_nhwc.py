@@ -13,9 +13,9 @@ Transposed 2-D convolutions are convolutions too (onert 0.1.0 has no TRANSPOSE_C
 "KernelGenerator: NYI"): zeros inserted between the input's rows and columns (a reshape and
 a PAD, in NHWC), then a stride-1 convolution with the flipped kernel; 1-D ones (a vocoder's
 upsampling) are 2-D ones over a unit height. A dilated max pool (MAX_POOL_2D has no dilation)
-is the maximum of its ``kh * kw`` strided slices of the ``-inf``-padded input. Forms Circle
-cannot run (3-D convolutions and pools) return ``NotImplemented`` and stay unsupported with the
-op's name.
+is the maximum of its ``kh * kw`` strided slices of the ``-inf``-padded input. A 3-D convolution
+is a sum of 2-D ones over its time taps (:func:`_conv3d`). Forms Circle cannot run (3-D pools,
+transposed 3-D convolutions) return ``NotImplemented`` and stay unsupported with the op's name.
 """
 from __future__ import annotations
 
@@ -70,7 +70,35 @@ def _conv_nd(x, weight, bias, stride, padding, dilation, groups):
 
 
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if x.dim() == 5:
+        return _conv3d(x, weight, bias, stride, padding, dilation, groups)
     return _conv_nd(x, weight, bias, stride, padding, dilation, groups)
+
+
+def _conv3d(x, weight, bias, stride, padding, dilation, groups):
+    """``conv3d`` (a video or VLM patch embedding: Qwen-VL's temporal patches) as 2-D
+    convolutions: output frame ``f`` is the sum over the kernel's time taps ``t`` of the 2-D
+    convolution of input frame ``f * stride + t * dilation - padding`` with that tap's kernel
+    (a frame in the time padding adds zeros: it is skipped), plus the bias once. Exact up to the
+    order of the sum. ``T_out * kt`` convolutions: fine for the few frames such models see."""
+    if weight.dim() != 5 or isinstance(padding, str) and padding != "valid":
+        return NotImplemented
+    padding = [0, 0, 0] if isinstance(padding, str) else _pair(padding, 3)
+    stride, dilation = _pair(stride, 3), _pair(dilation, 3)
+    frames, kt = x.shape[2], weight.shape[2]
+    out = (frames + 2 * padding[0] - dilation[0] * (kt - 1) - 1) // stride[0] + 1
+    ys = []
+    for f in range(out):
+        acc = None
+        for t in range(kt):
+            src = f * stride[0] + t * dilation[0] - padding[0]
+            if 0 <= src < frames:
+                y = _conv_nd(x[:, :, src], weight[:, :, t], None, stride[1:], padding[1:], dilation[1:], groups)
+                acc = y if acc is None else acc + y
+        if acc is None:  # every tap in the padding: zeros (as a convolution of zeros, for the shape)
+            acc = _conv_nd(x[:, :, 0] * 0, weight[:, :, 0], None, stride[1:], padding[1:], dilation[1:], groups)
+        ys.append(acc if bias is None else acc + bias.reshape(1, -1, 1, 1))
+    return torch.stack(ys, 2)
 
 
 def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
@@ -123,7 +151,7 @@ def _conv_transpose_nhwc(y, weight, bias, stride, padding, output_padding, group
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
         return conv_transpose(x, weight, bias, stride, padding, output_padding, groups, dilation)
-    return _conv_nd(x, weight, bias, stride, padding, dilation, groups)
+    return conv(x, weight, bias, stride, padding, dilation, groups)
 
 
 def _pool_out(size, k, s, p, ceil_mode) -> int:
@@ -265,6 +293,8 @@ DECOMPOSITIONS = {
     aten.conv2d.default: conv,
     aten.conv1d.padding: conv,
     aten.conv2d.padding: conv,
+    aten.conv3d.default: conv,
+    aten.conv3d.padding: conv,
     aten.convolution.default: convolution,
     aten.conv_transpose2d.input: conv_transpose,
     aten.conv_transpose1d.default: conv_transpose,

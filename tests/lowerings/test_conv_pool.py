@@ -86,6 +86,11 @@ FORMS = {
     "max_pool1d": (nn.MaxPool1d(3, 2, 1), r(2, 4, 11), "MAX_POOL_2D"),
     "max_pool1d_dilated_ceil": (nn.MaxPool1d(3, 2, 1, dilation=2, ceil_mode=True), r(2, 4, 11), "MAXIMUM"),
     "max_pool1d_unbatched": (nn.MaxPool1d(2), r(4, 10), "MAX_POOL_2D"),
+    # 3-D: a sum of 2-D convolutions over the time taps (Qwen-VL's temporal patch embedding, video)
+    "conv3d_patch_embedding": (nn.Conv3d(3, 16, (2, 4, 4), stride=(2, 4, 4), bias=False), r(3, 3, 2, 8, 8), "CONV_2D"),
+    "conv3d_padded": (nn.Conv3d(4, 6, 3, padding=1), r(1, 4, 4, 6, 5), "CONV_2D"),
+    "conv3d_strided_dilated_grouped": (nn.Conv3d(4, 6, (3, 3, 1), stride=(2, 1, 2), padding=(2, 1, 0), dilation=(2, 1, 1),
+                                                 groups=2), r(2, 4, 7, 6, 5), "SPLIT"),
     # periodic boundaries: the wrapped-around slices concatenated
     "circular_pad_conv": (nn.Conv2d(4, 3, 3, padding=(1, 2), padding_mode="circular"), X4, "CONCATENATION"),
     # norms and resampling: exact decompositions into ops onert runs
@@ -114,8 +119,8 @@ def test_same_padding_needs_no_pad_op():
 
 
 def test_unsupported_forms_name_the_op():
-    with pytest.raises(CircleFxError, match="conv3d"):  # Circle has no CONV_3D
-        circle_fx.export(nn.Conv3d(4, 2, 2).eval(), (X4.unsqueeze(2).expand(-1, -1, 3, -1, -1),))
+    with pytest.raises(CircleFxError, match="avg_pool3d"):  # Circle has no 3-D pool
+        circle_fx.export(nn.AvgPool3d(2).eval(), (X4.unsqueeze(2).expand(-1, -1, 4, -1, -1),))
     with pytest.raises(CircleFxError, match="must be a constant"):
         circle_fx.export(Fn(lambda x, w: torch.nn.functional.conv2d(x, w)), (X3, r(2, 3, 3, 3)))
 
