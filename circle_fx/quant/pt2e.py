@@ -15,7 +15,7 @@ quantized type; its FULLY_CONNECTED is uint8 x uint8 only):
   family fuses it and onert's uint8 FULLY_CONNECTED clamps its result exactly, measured in
   ``benchmarks/onert_fc_activation.py``);
 - ``embedding``: the table, with the output sharing its parameters (an integer GATHER);
-- ``conv2d``: input, weight (uint8 per tensor: onert 0.1.0's uint8 CONV_2D / DEPTHWISE_CONV_2D
+- ``conv2d`` and ``conv1d`` (run as a 2-D one over a unit height): input, weight (uint8 per tensor: onert 0.1.0's uint8 CONV_2D / DEPTHWISE_CONV_2D
   are exact, an int8 weight under uint8 activations silently wrong, measured in
   ``benchmarks/onert_conv_int8.py``) and output, the output after a ReLU / ReLU6 that reads only
   it (the activation Circle fuses into the convolution; ``prepare_pt2e`` folds BatchNorms
@@ -249,7 +249,7 @@ class CircleQuantizer(Quantizer):
                                self.activation if self.linear_outputs == "quantized" and act is None else None)
                 if act is not None:  # quantized after the ReLU / ReLU6, which FULLY_CONNECTED applies
                     self._annotate(act, {}, self.activation)
-            elif n.target is aten.conv2d.default:
+            elif n.target in (aten.conv2d.default, aten.conv1d.default):  # a 1-D one runs as 2-D
                 x, w = n.args[0], n.args[1]
                 if x in constant or not _is_float(x) or not _is_float(w) or w not in constant or self._skipped(n):
                     continue

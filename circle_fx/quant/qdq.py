@@ -14,7 +14,9 @@ unchanged:
   (``DEQUANTIZED_FROM``) of the integers it came from. For the
   ``onert`` target int8 activations become uint8 (``q + 128``, same real values): onert
   0.1.0's QUANTIZE to int8 is silently wrong, uint8 is exact.
-- :class:`QDQLower` (last) turns each ``DQ -> op -> Q`` chain into one quantized op
+- :class:`QDQLower` (last) first moves reshapes to the integer side of per-tensor Q/DQ
+  (:func:`_views_inside`: a 1-D convolution reaches its 2-D form through a unit-height reshape),
+  then turns each ``DQ -> op -> Q`` chain into one quantized op
   (:mod:`.qops`) where the target has an integer kernel, and puts the
   output parameters on every remaining Q (``meta[QUANT_META]``), which the emitter writes
   as the tensor's quantization. What stays is float islands: ``DEQUANTIZE -> float ops ->
@@ -207,7 +209,7 @@ class QDQLower(_TargetPass):
     def run(self, program) -> bool:
         g = program.gm.graph
         kinds = self.kinds()
-        changed = False
+        changed = _views_inside(g)
         self._refused: dict = {}  # rms_norm node -> why it stays float (npu target)
         for q in list(g.nodes):
             if not is_q(q) or getattr(q, "_erased", False):
@@ -348,6 +350,58 @@ class QDQLower(_TargetPass):
             ints = qops.quantize(real, s, zp, dt)
             return _int_constant(program, v, ints, s, zp, f"{v.target}_q"), s, zp
         return None
+
+
+#: ops that only regroup elements: they commute with a per-tensor Q or DQ (permutes are the
+#: layout pass's: onert 0.1.0 has no uint8 TRANSPOSE, so they stay on the float side)
+_VIEWS = {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.view.default, aten.reshape.default,
+          aten._unsafe_view.default}
+
+
+def _per_tensor(node) -> bool:
+    return node.target in (torch.ops.quantized_decomposed.quantize_per_tensor.default,
+                           torch.ops.quantized_decomposed.dequantize_per_tensor.default)
+
+
+def _views_inside(g: fx.Graph) -> bool:
+    """Moves reshapes to the integer side of per-tensor Q/DQ nodes:
+    ``view(DQ(q)) -> DQ(view(q))`` and ``Q(view(y)) -> view(Q(y))`` (exact: one scale and zero
+    point for every element). A 1-D convolution runs as a 2-D one over a unit height, so its
+    input reaches it as ``unsqueeze(DQ(q))`` and its output leaves as ``Q(squeeze(conv))``:
+    with the views outside, ``DQ -> conv -> Q`` is the chain the fusion looks for."""
+    changed = False
+    for v in list(g.nodes):
+        if v.op != "call_function" or v.target not in _VIEWS or getattr(v, "_erased", False):
+            continue
+        src = v.args[0]
+        if is_dq(src) and _per_tensor(src) and len(src.users) == 1:  # view(DQ(q)) -> DQ(view(q))
+            with g.inserting_before(v):
+                inner = make_node(g, v.target, (src.args[0], *v.args[1:]), dict(v.kwargs), like=v)
+                dq = make_node(g, src.target, (inner, *src.args[1:]), dict(src.kwargs), like=src)
+            dq.meta.update({k: m for k, m in src.meta.items() if k not in ("val",)})
+            s, zp, _ = _params(src)
+            inner.meta[QUANT_META] = QuantParams((s,), (zp,))  # integers, as the DQ's input was
+            v.replace_all_uses_with(dq)
+            g.erase_node(v)
+            g.erase_node(src)
+            changed = True
+    for q in list(g.nodes):
+        if not (is_q(q) and _per_tensor(q)) or getattr(q, "_erased", False):
+            continue
+        v = q.args[0]
+        while (isinstance(v, fx.Node) and v.op == "call_function" and v.target in _VIEWS and len(v.users) == 1
+               and len(q.users) > 0):  # Q(view(y)) -> view(Q(y))
+            with g.inserting_before(q):
+                inner = make_node(g, q.target, (v.args[0], *q.args[1:]), dict(q.kwargs), like=q)
+                out = make_node(g, v.target, (inner, *v.args[1:]), dict(v.kwargs), like=v)
+            s, zp, _ = _params(q)
+            out.meta[QUANT_META] = QuantParams((s,), (zp,))
+            q.replace_all_uses_with(out)
+            g.erase_node(q)
+            g.erase_node(v)
+            q, v = inner, inner.args[0]
+            changed = True
+    return changed
 
 
 def _int_constant(program, before: fx.Node, ints: torch.Tensor, s: float, zp: int, name: str) -> fx.Node:

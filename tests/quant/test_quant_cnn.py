@@ -236,3 +236,41 @@ def test_pt2e_convolutions_are_uint8_and_match_fake_quant():
     assert "self.stem(x)" in note, note
     with torch.no_grad():
         assert _rel(cm.run(x)[0], model(x).numpy()) <= 0.05
+
+
+class _Block1d(nn.Module):
+    """A speech front end's shape: 1-D convolutions with ReLUs, depthwise, a 1x1 projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv1d(8, 16, 5, padding=2)
+        self.dw = nn.Conv1d(16, 16, 3, padding=1, groups=16)
+        self.proj = nn.Conv1d(16, 4, 1)
+
+    def forward(self, x):
+        return self.proj(torch.relu(self.dw(torch.relu(self.stem(x)))))
+
+
+def test_pt2e_1d_convolutions_are_uint8_and_match_fake_quant():
+    """A 1-D convolution runs as a 2-D one over a unit height, so its operands reach it through
+    a reshape: ``unsqueeze(DQ(q))`` and ``Q(squeeze(conv))``. The reshapes move to the integer
+    side of the per-tensor Q/DQ (and a folded weight's reshape keeps its quantization record),
+    so every convolution but the stem (the float input's layout permute) is a uint8 one."""
+    from pt2e_util import quantize_pt2e
+
+    torch.manual_seed(0)
+    model = _Block1d().eval()
+    x = torch.randn(1, 8, 40)
+    calib = [(torch.randn(1, 8, 40),) for _ in range(4)]
+    fake = quantize_pt2e(model, (x,), calib, circle_fx.quant.CircleQuantizer())
+    cm = circle_fx.export(fake, (x,), quant_target="onert", verbose=False)
+    with torch.no_grad():
+        want = fake(x).numpy()
+    got = cm.run(x)[0]
+    step = np.diff(np.unique(want)).min()
+    assert np.abs(got - want).max() <= 1.001 * step and np.mean(got != want) < 0.1
+    cf = read_circle(cm.to_bytes())
+    convs = [op for op in cf.operators if op.name in ("CONV_2D", "DEPTHWISE_CONV_2D")]
+    kinds = sorted((op.name, cf.tensors[op.inputs[1]].type_name) for op in convs)
+    assert kinds == [("CONV_2D", "FLOAT32"), ("CONV_2D", "UINT8"), ("DEPTHWISE_CONV_2D", "UINT8")], kinds
+    assert "RELU" not in cm.op_histogram()
