@@ -8,11 +8,12 @@ have no complex tensors, but the computation is plain real arithmetic on pairs:
 Every complex value that depends on a model input becomes two float tensors:
 ``view_as_complex(x)`` -> ``x[..., 0]`` and ``x[..., 1]``; complex ``mul``/``add``/``sub`` ->
 their real formulas; ``polar(abs, angle)`` -> ``abs*cos(angle)``, ``abs*sin(angle)``; shape ops (view, unsqueeze, slice...) apply to both parts;
-``view_as_real(z)`` -> ``stack([re, im], -1)``, ``z.real`` / ``z.imag`` -> that part; a discrete Fourier transform (``torch.fft.fft`` /
-``fft2`` / ``fftn``: FNet's token mixing) -> one matrix product per transformed dim with the
-constant cosine and sine matrices (``X W`` with ``W = C - iS``: ``re' = re C + im S``,
-``im' = im C - re S``; a real input drops the ``im`` terms). That is O(N^2) per dim where an FFT is
-O(N log N), but it is what onert runs (a FULLY_CONNECTED per dim), and FNet's dims are small. Complex values that depend on no input
+``view_as_real(z)`` -> ``stack([re, im], -1)``, ``z.real`` / ``z.imag`` -> that part; a
+discrete Fourier transform (``torch.fft.fft`` / ``fft2`` / ``fftn``: FNet's token mixing) -> one
+matrix product per transformed dim with the constant cosine and sine matrices (``X W`` with
+``W = C - iS``: ``re' = re C + im S``, ``im' = im C - re S``; a real input drops the ``im``
+terms). That is O(N^2) per dim where an FFT is O(N log N), but it is what onert runs (a matrix
+product per dim), and FNet's dims are small. Complex values that depend on no input
 (the folded ``freqs_cis`` table) are split with ``aten.real`` / ``aten.imag``, which
 constant folding evaluates. If any complex op outside this set depends on an input,
 nothing is rewritten and the unsupported-op error names that op.
@@ -145,6 +146,9 @@ def _dft(gm: fx.GraphModule, n: fx.Node, x) -> tuple[fx.Node, fx.Node]:
     dims, scale = _fft_dims(n)
     re, im = x
     rank = len(val(n).shape)
+    dtype = val(n).dtype.to_real()  # complex64 -> float32
+    if val(re).dtype != dtype:  # an integer input: torch transforms it as float
+        re = make_node(g, aten._to_copy.default, (re,), {"dtype": dtype}, like=n)
 
     def mm(t, m, d):
         last = t if d == rank - 1 else make_node(g, aten.transpose.int, (t, d, rank - 1), like=n)
@@ -158,7 +162,7 @@ def _dft(gm: fx.GraphModule, n: fx.Node, x) -> tuple[fx.Node, fx.Node]:
         f = scale if j == 0 else 1.0  # the norm's scale once, folded into the first dim's matrices
         mats = []
         for fn in (torch.cos, torch.sin):
-            t = (fn(angle) * f).to(val(re).dtype)
+            t = (fn(angle) * f).to(dtype)
             c = g.get_attr(add_constant(gm, t, f"{n.name}_dft_{fn.__name__}{d}"))
             c.meta["val"] = t
             mats.append(c)

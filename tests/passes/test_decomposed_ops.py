@@ -198,6 +198,7 @@ CASES = {
     "fftn_real_fnet": (lambda x: torch.fft.fftn(x, dim=(1, 2)).real, [(2, 8, 12)]),
     "fft_ortho_view_as_real": (lambda x: torch.view_as_real(torch.fft.fft(x, norm="ortho")), [(2, 3, 10)]),
     "fft2_forward_imag": (lambda x: torch.fft.fft2(x * 2 + 1, norm="forward").imag, [(3, 6, 5)]),
+    "fft_of_integers": (lambda x: torch.fft.fft((x * 10).long()).real, [(2, 6)]),   # transformed as float
     "fft_of_a_complex_result": (lambda x: torch.view_as_real(torch.fft.fft(torch.fft.fft(x, dim=1), dim=2)),
                                 [(2, 8, 12)]),
     # MobileViTV2: fold of non-overlapping patches (kernel = stride) is a permutation of values
