@@ -272,6 +272,43 @@ def adaptive_avg_pool2d(x, output_size):
     return y.permute(TO_NCHW)
 
 
+def adaptive_max_pool2d(x, output_size):
+    """(values, indices): each output cell's maximum over its bin (:func:`_bins`) and where it
+    is, as torch gives it: the flat ``h * W + w`` of the first maximum in the input plane.
+    Values: one max pool when the bins are uniform (:func:`_uniform`), else one maximum per
+    bin. Indices: per bin, the ARG_MAX of its flattened window, turned into the plane's
+    coordinates in float32 (exact below 2**24 positions: onert 0.1.0 has no int64 FLOOR_DIV).
+    Unused indices are dead code and removed."""
+    if x.dim() != 4:
+        return NotImplemented
+    h, w = x.shape[2], x.shape[3]
+    size = [x.shape[2 + i] if o is None else o for i, o in enumerate(_pair(output_size))]
+    if h * w >= 1 << 24:
+        return NotImplemented
+    bins = [_bins(n, o) for n, o in zip(x.shape[2:], size)]
+    forms = [_uniform(b) for b in bins]
+    if all(forms):
+        values = max_pool2d(x, [f[0] for f in forms], [f[1] for f in forms])
+    else:
+        values = None
+    rows, cells = [], []
+    for a, b in bins[0]:
+        row_vals, row_idx = [], []
+        for c, e in bins[1]:
+            window = x[:, :, a:b, c:e].reshape(x.shape[0], x.shape[1], -1)
+            if values is None:
+                row_vals.append(window.amax(-1, keepdim=True))
+            r = window.argmax(-1, keepdim=True).to(torch.float32)
+            width = e - c
+            i = torch.floor((r + 0.5) / width)  # exact: small integers in float32
+            row_idx.append(((i + a) * w + (r - i * width) + c).to(torch.int64))
+        rows.append(torch.cat(row_vals, -1) if row_vals else None)
+        cells.append(torch.cat(row_idx, -1))
+    if values is None:
+        values = torch.stack(rows, 2)
+    return values, torch.stack(cells, 2)
+
+
 def adaptive_avg_pool1d(x, output_size):
     """``[N, C, L]`` (or ``[C, L]``) pooled as ``[N, C, 1, L]`` by :func:`adaptive_avg_pool2d`;
     one output (Swin's, FocalNet's, Hiera's pooler) is a MEAN over ``L``."""
@@ -304,4 +341,5 @@ DECOMPOSITIONS = {
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,
+    aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
 }

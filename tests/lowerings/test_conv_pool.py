@@ -86,6 +86,11 @@ FORMS = {
     "max_pool1d": (nn.MaxPool1d(3, 2, 1), r(2, 4, 11), "MAX_POOL_2D"),
     "max_pool1d_dilated_ceil": (nn.MaxPool1d(3, 2, 1, dilation=2, ceil_mode=True), r(2, 4, 11), "MAXIMUM"),
     "max_pool1d_unbatched": (nn.MaxPool1d(2), r(4, 10), "MAX_POOL_2D"),
+    # adaptive max pools: one max pool for uniform bins, else a maximum per bin; the indices (flat
+    # positions in the input plane, as torch's) from each bin's ARG_MAX
+    "adaptive_max_pool_uniform": (nn.AdaptiveMaxPool2d((3, 4)), X4, "MAX_POOL_2D"),
+    "adaptive_max_pool_uneven_indices": (nn.AdaptiveMaxPool2d((2, 5), return_indices=True), X4, "ARG_MAX"),
+    "adaptive_max_pool_1_to_3_indices": (nn.AdaptiveMaxPool2d(3, return_indices=True), r(1, 2, 1, 2), "ARG_MAX"),
     # 3-D: a sum of 2-D convolutions over the time taps (Qwen-VL's temporal patch embedding, video)
     "conv3d_patch_embedding": (nn.Conv3d(3, 16, (2, 4, 4), stride=(2, 4, 4), bias=False), r(3, 3, 2, 8, 8), "CONV_2D"),
     "conv3d_padded": (nn.Conv3d(4, 6, 3, padding=1), r(1, 4, 4, 6, 5), "CONV_2D"),
