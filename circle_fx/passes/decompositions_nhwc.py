@@ -167,13 +167,13 @@ def _ceil_extra(size, k, s, p, out) -> int:
     return max((out - 1) * s + k - (size + 2 * p), 0)
 
 
-def _clipped(k, x, p) -> list[int]:
+def _clipped(k, size, p) -> list[int]:
     """A window longer than the padded input (``ceil_mode`` allows it: EfficientNet pools its
     2 x 2 map with ``AvgPool2d(hidden_dim=2560, ceil_mode=True)``) yields one output that reads
     the whole padded axis, with torch's divisor counting only that: the same window clipped to
     ``size + 2 * padding``. Unclipped, the ceil-mode padding grew the map to 2560 x 2560 x 2560
     (a 64 GB PAD: onert segfaulted)."""
-    return [min(k[i], x.shape[2 + i] + 2 * p[i]) for i in range(2)]
+    return [min(k[i], size[i] + 2 * p[i]) for i in range(2)]
 
 
 def max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -202,7 +202,7 @@ def _max_pool_nhwc(y, k, s, p, d, ceil_mode):
     dilation). Exact: a maximum of the same values."""
     size = [y.shape[1], y.shape[2]]
     if d == [1, 1]:
-        k = [min(k[i], size[i] + 2 * p[i]) for i in range(2)]  # see _clipped
+        k = _clipped(k, size, p)
         pads = []
         for i in range(2):
             pads += [p[i], p[i] + _ceil_extra(size[i], k[i], s[i], p[i], _pool_out(size[i], k[i], s[i], p[i], ceil_mode))]
@@ -225,7 +225,7 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
     k = _pair(kernel_size)
     s = _pair(stride) if stride else k
     p = _pair(padding)
-    k = _clipped(k, x, p)
+    k = _clipped(k, x.shape[2:], p)
     return avg_pool2d_nhwc(x.permute(TO_NHWC), k, s, [p[0], p[0], p[1], p[1]], ceil_mode, count_include_pad,
                            divisor_override).permute(TO_NCHW)
 

@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
+from ..fx_utils import IDENTITY_OPS, MOVEMENT_OPS
 from ..meta import CONSTANT_NAMES, DEQUANTIZED_FROM
 from ..program import add_constant, fetch_attr
 from .base import Pass
@@ -129,17 +130,12 @@ def _constant(gm, n: fx.Node, result: torch.Tensor, args, name: str) -> fx.Node:
     return c
 
 
-#: ops that only move or regroup elements (a 1-D convolution's weight gets a unit dim)
-_MOVES = {torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims,
-          torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default,
-          torch.ops.aten.permute.default, torch.ops.aten.transpose.int, torch.ops.aten.clone.default}
-
-
 def _moved_dequantized(n: fx.Node):
     """The ``DEQUANTIZED_FROM`` record of a dequantized weight (quantized per tensor) that ``n``
-    only reshapes or moves: its result holds the same integers' values, with the same scale."""
+    only reshapes or moves (a 1-D convolution's weight gets a unit dim): its result holds the
+    same integers' values, with the same scale."""
     src = n.args[0] if n.args else None
-    if n.target not in _MOVES or not isinstance(src, fx.Node):
+    if n.target not in MOVEMENT_OPS | IDENTITY_OPS or not isinstance(src, fx.Node):
         return None
     tag = src.meta.get(DEQUANTIZED_FROM)
     return tag if tag is not None and not tag[0].per_channel else None

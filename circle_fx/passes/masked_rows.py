@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..fx_utils import make_node, val
+from ..fx_utils import make_node, static_shape, val
 from .nhwc import ELEMENTWISE
 
 aten = torch.ops.aten
@@ -32,16 +32,14 @@ _PASS = {aten.clone.default, aten.alias.default, aten.dropout.default, aten.cont
 _SOFTMAX = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default}
 
 
-def _static(v) -> bool:
-    return isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)
-
-
 def _mask_of(indices) -> tuple[int, fx.Node] | None:
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(given) != 1 or not isinstance(given[0][1], fx.Node):
         return None
     m = val(given[0][1])
-    return given[0] if isinstance(m, torch.Tensor) and m.dtype == torch.bool and _static(m) else None
+    if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or static_shape(m) is None:
+        return None
+    return given[0]
 
 
 def _row_wise(n: fx.Node, rows: set, p: int) -> bool:
@@ -56,7 +54,7 @@ def _row_wise(n: fx.Node, rows: set, p: int) -> bool:
         if a in rows:
             return True
         v = val(a)
-        return not isinstance(v, torch.Tensor) or (_static(v) and v.dim() <= inner)
+        return not isinstance(v, torch.Tensor) or (static_shape(a) is not None and v.dim() <= inner)
 
     t = n.target
     if t in ELEMENTWISE or t in _PASS:
@@ -73,7 +71,7 @@ def _row_wise(n: fx.Node, rows: set, p: int) -> bool:
 
 def _weight(a) -> bool:
     """A linear's weight or bias: a static tensor that is not a row (or no bias)."""
-    return a is None or (isinstance(a, fx.Node) and _static(val(a)))
+    return a is None or (isinstance(a, fx.Node) and static_shape(a) is not None)
 
 
 def masked_rows(n: fx.Node, g: fx.Graph) -> fx.Node | None:
@@ -81,7 +79,7 @@ def masked_rows(n: fx.Node, g: fx.Graph) -> fx.Node | None:
     base, indices, values = n.args[0], n.args[1], n.args[2]
     accumulate = bool(n.args[3]) if len(n.args) > 3 else bool(n.kwargs.get("accumulate", False))
     found = _mask_of(indices)
-    if found is None or not isinstance(values, fx.Node) or _static(val(values)):
+    if found is None or not isinstance(values, fx.Node) or static_shape(values) is not None:
         return None
     p, mask = found
     # the chain from the ``src[mask]`` reads to ``values``: every node of run-time row count
@@ -92,17 +90,18 @@ def masked_rows(n: fx.Node, g: fx.Graph) -> fx.Node | None:
         v = stack.pop()
         if v in rows:
             continue
-        if v.op != "call_function" or _static(val(v)):
+        if v.op != "call_function" or static_shape(v) is not None:
             return None
         rows.add(v)
-        if v.target is aten.index.Tensor and _mask_of(v.args[1]) == (p, mask) and _static(val(v.args[0])):
+        if (v.target is aten.index.Tensor and _mask_of(v.args[1]) == (p, mask)
+                and static_shape(v.args[0]) is not None):
             sources[v] = v.args[0]
             continue
         for a in v.all_input_nodes:
-            if not _static(val(a)) and a.op == "call_function":
+            if static_shape(a) is None:  # of the run-time row count too: a node of the chain
+                if a.op != "call_function":
+                    return None
                 stack.append(a)
-            elif not _static(val(a)):
-                return None
     order = [v for v in g.nodes if v in rows and v not in sources]
     if not sources or not all(_row_wise(v, rows, p) for v in order):
         return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..fx_utils import make_node, val
+from ..fx_utils import make_node, static_shape, val
 from ..program import fetch_attr
 
 aten = torch.ops.aten
@@ -54,8 +54,8 @@ def _value(n, depth: int = 0):
 
 def uniform_gather(n: fx.Node, g: fx.Graph) -> fx.Node | None:
     """Rewrite rule for ``aten.gather``: None leaves the node alone."""
-    out = val(n)
-    if not isinstance(out, torch.Tensor) or not all(isinstance(d, int) for d in out.shape):
+    shape = static_shape(n)
+    if shape is None:
         return None
     src = _value(n.args[0])
     if not isinstance(src, torch.Tensor) or src.numel() == 0:
@@ -63,4 +63,4 @@ def uniform_gather(n: fx.Node, g: fx.Graph) -> fx.Node | None:
     first = src.reshape(-1)[0]
     if not bool((src == first).all()):
         return None
-    return make_node(g, aten.full.default, (list(out.shape), first.item()), {"dtype": out.dtype}, like=n)
+    return make_node(g, aten.full.default, (list(shape), first.item()), {"dtype": val(n).dtype}, like=n)

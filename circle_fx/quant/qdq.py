@@ -46,6 +46,7 @@ from ..meta import DEQUANTIZED_FROM, QUANT_META
 from ..fusions.rms_norm import reduces_a_square, rms_norm
 from ..program import add_constant, fetch_attr
 from ..passes.base import Pass
+from ..passes.fold_views import VIEW_OPS
 from . import qops
 
 aten = torch.ops.aten
@@ -352,29 +353,19 @@ class QDQLower(_TargetPass):
         return None
 
 
-#: ops that only regroup elements: they commute with a per-tensor Q or DQ (permutes are the
-#: layout pass's: onert 0.1.0 has no uint8 TRANSPOSE, so they stay on the float side)
-_VIEWS = {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.view.default, aten.reshape.default,
-          aten._unsafe_view.default}
-
-
-def _per_tensor(node) -> bool:
-    return node.target in (torch.ops.quantized_decomposed.quantize_per_tensor.default,
-                           torch.ops.quantized_decomposed.dequantize_per_tensor.default)
-
-
 def _views_inside(g: fx.Graph) -> bool:
-    """Moves reshapes to the integer side of per-tensor Q/DQ nodes:
+    """Moves reshapes (``VIEW_OPS``; permutes stay on the float side: onert 0.1.0 has no uint8
+    TRANSPOSE) to the integer side of per-tensor Q/DQ nodes (``is_q`` / ``is_dq``):
     ``view(DQ(q)) -> DQ(view(q))`` and ``Q(view(y)) -> view(Q(y))`` (exact: one scale and zero
     point for every element). A 1-D convolution runs as a 2-D one over a unit height, so its
     input reaches it as ``unsqueeze(DQ(q))`` and its output leaves as ``Q(squeeze(conv))``:
     with the views outside, ``DQ -> conv -> Q`` is the chain the fusion looks for."""
     changed = False
     for v in list(g.nodes):
-        if v.op != "call_function" or v.target not in _VIEWS or getattr(v, "_erased", False):
+        if v.op != "call_function" or v.target not in VIEW_OPS or getattr(v, "_erased", False):
             continue
         src = v.args[0]
-        if is_dq(src) and _per_tensor(src) and len(src.users) == 1:  # view(DQ(q)) -> DQ(view(q))
+        if is_dq(src) and len(src.users) == 1:  # view(DQ(q)) -> DQ(view(q))
             with g.inserting_before(v):
                 inner = make_node(g, v.target, (src.args[0], *v.args[1:]), dict(v.kwargs), like=v)
                 dq = make_node(g, src.target, (inner, *src.args[1:]), dict(src.kwargs), like=src)
@@ -386,10 +377,10 @@ def _views_inside(g: fx.Graph) -> bool:
             g.erase_node(src)
             changed = True
     for q in list(g.nodes):
-        if not (is_q(q) and _per_tensor(q)) or getattr(q, "_erased", False):
+        if not is_q(q) or getattr(q, "_erased", False):
             continue
         v = q.args[0]
-        while (isinstance(v, fx.Node) and v.op == "call_function" and v.target in _VIEWS and len(v.users) == 1
+        while (isinstance(v, fx.Node) and v.op == "call_function" and v.target in VIEW_OPS and len(v.users) == 1
                and len(q.users) > 0):  # Q(view(y)) -> view(Q(y))
             with g.inserting_before(q):
                 inner = make_node(g, q.target, (v.args[0], *q.args[1:]), dict(q.kwargs), like=q)
