@@ -1,8 +1,12 @@
-"""Operand ranks onert 0.1.0 handles, per operator (measured: docs/onert-findings.md,
-"Ranks above 4") and the element types their kernels run. One place for the numbers and the
-rules: the legalization stage (``emit/legalize/``) brings every operator within them and
-checks it after each step, and ``verify`` reports an operator beyond them, both through
-:func:`rank_problem` and :func:`unsupported_type`.
+"""What onert 0.1.0 runs, measured (docs/onert-findings.md, /work/shared/onert-0.1.0-matrix.md):
+the numbers, and one check function per limit. Which limits an operator has is the Circle op
+table's business (``circle/op_table.py``): ``verify`` reports an operator beyond them, and the
+legalization stage (``emit/legalize/``) brings every operator within them and checks it after
+each step, both by reading that table.
+
+Rank checks: ``(name, input_dims, output_dims, axes) -> message | None``. Form checks (what is
+not a rank or an element type: a constant operand, a dynamic dim, a table's shape):
+``(name, inputs, outputs) -> message | None`` over ``op_table.Operand`` s (dims, type, const).
 """
 from __future__ import annotations
 
@@ -51,19 +55,6 @@ DEPTHWISE_DEPTH = 4832
 COMPARISONS = frozenset({"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL"})
 
 
-#: elementwise operators (by Circle name): binary ones broadcast their operands, unary ones keep
-#: their input's shape. ``verify`` checks them by these lists and ``emit/legalize/ranks.py`` folds
-#: the ones whose rank limit above applies (every one but the per-row / quantizing ones).
-BINARY_ELEMENTWISE = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
-                      "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
-                      "LOGICAL_AND", "LOGICAL_OR", "SELECT_V2", "FLOOR_DIV", "FLOOR_MOD")
-UNARY_ELEMENTWISE = ("NEG", "EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "TANH", "ABS", "LOGISTIC", "RELU",
-                     "SQUARE", "LOGICAL_NOT", "GELU", "FLOOR", "ROUND", "CAST", "SOFTMAX", "LOG_SOFTMAX", "HARD_SWISH",
-                     "LEAKY_RELU", "QUANTIZE", "DEQUANTIZE")
-#: not folded by rank: they work along the last axis or carry per-axis quantization
-NOT_FOLDED = frozenset({"SOFTMAX", "LOG_SOFTMAX", "QUANTIZE", "DEQUANTIZE"})
-
-
 def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -> int:
     """The largest output rank at which elementwise op ``name`` (e.g. ``"SELECT_V2"``) is
     computed correctly with operands of these dims."""
@@ -74,81 +65,99 @@ def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -
     return ELEMENTWISE
 
 
-REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX"})
-
-
 #: the axes sets of a 4-D reduction to rank 2 or 3 that onert runs (measured)
 REDUCE_DROPS_DIMS_RUN = ((3,), (1, 2))
 
 
-def rank_problem(name: str, input_dims: list[list], output_dims: list, axes=None) -> str | None:
-    """Why onert 0.1.0 would refuse, crash on, hang on or miscompute operator ``name`` with
-    operands of these dims (a message), or None when they are within its limits. ``axes``: a
-    reduction's axes when known (a constant), else its worst case is assumed."""
-    if name == "RMS_NORM" and input_dims and len(input_dims[0]) not in RMS_NORM:
-        return f"input rank {len(input_dims[0])}; onert's RMS_NORM takes rank {' or '.join(map(str, RMS_NORM))}"
-    if name == "BATCH_MATMUL" and not all(2 <= len(d) <= BATCH_MATMUL for d in input_dims[:2]):
-        return f"operand ranks {' and '.join(str(len(d)) for d in input_dims[:2])}; onert takes 2..{BATCH_MATMUL}"
-    if name in REDUCTIONS and input_dims and len(input_dims[0]) > REDUCE:
-        return f"input rank {len(input_dims[0])}; onert's reductions take rank <= {REDUCE}"
-    if name in REDUCTIONS and input_dims and len(input_dims[0]) == REDUCE_DROPS_DIMS and len(output_dims) in (2, 3) \
+# ------------------------------------------------------------------ rank checks
+# One function per limit, ``(name, input_dims, output_dims, axes) -> message | None``; the Circle
+# op table (``circle/op_table.py``) names the one each operator has.
+def rms_norm_rank(name, ins, out, axes=None):
+    if ins and len(ins[0]) not in RMS_NORM:
+        return f"input rank {len(ins[0])}; onert's RMS_NORM takes rank {' or '.join(map(str, RMS_NORM))}"
+    return None
+
+
+def batch_matmul_rank(name, ins, out, axes=None):
+    if not all(2 <= len(d) <= BATCH_MATMUL for d in ins[:2]):
+        return f"operand ranks {' and '.join(str(len(d)) for d in ins[:2])}; onert takes 2..{BATCH_MATMUL}"
+    return None
+
+
+def reduce_rank(name, ins, out, axes=None):
+    """``axes``: the reduction's axes when known (a constant), else its worst case is assumed."""
+    if ins and len(ins[0]) > REDUCE:
+        return f"input rank {len(ins[0])}; onert's reductions take rank <= {REDUCE}"
+    if ins and len(ins[0]) == REDUCE_DROPS_DIMS and len(out) in (2, 3) \
             and (axes is None or tuple(sorted(a % 4 for a in axes)) not in REDUCE_DROPS_DIMS_RUN):
-        return (f"a {REDUCE_DROPS_DIMS}-D reduction to rank {len(output_dims)} (keepDims=False); onert fails at "
+        return (f"a {REDUCE_DROPS_DIMS}-D reduction to rank {len(out)} (keepDims=False); onert fails at "
                 "prepare for most such axes: keep the dims and RESHAPE after")
-    if name in ("PAD", "PADV2") and input_dims and len(input_dims[0]) > PAD:
-        return f"input rank {len(input_dims[0])}; onert's {name} takes rank <= {PAD} (\"Padding for rank > 4 NYI\")"
-    if name == "STRIDED_SLICE" and input_dims and len(input_dims[0]) > STRIDED_SLICE:
-        return f"input rank {len(input_dims[0])}; onert's STRIDED_SLICE takes rank <= {STRIDED_SLICE}"
-    if name == "DEPTHWISE_CONV_2D" and output_dims and output_dims[-1] > DEPTHWISE_DEPTH:
-        return (f"output depth {output_dims[-1]}; onert's DEPTHWISE_CONV_2D hangs (never returns) "
+    return None
+
+
+def pad_rank(name, ins, out, axes=None):
+    if ins and len(ins[0]) > PAD:
+        return f"input rank {len(ins[0])}; onert's {name} takes rank <= {PAD} (\"Padding for rank > 4 NYI\")"
+    return None
+
+
+def strided_slice_rank(name, ins, out, axes=None):
+    if ins and len(ins[0]) > STRIDED_SLICE:
+        return f"input rank {len(ins[0])}; onert's STRIDED_SLICE takes rank <= {STRIDED_SLICE}"
+    return None
+
+
+def depthwise_depth(name, ins, out, axes=None):
+    if out and out[-1] > DEPTHWISE_DEPTH:
+        return (f"output depth {out[-1]}; onert's DEPTHWISE_CONV_2D hangs (never returns) "
                 f"beyond depth {DEPTHWISE_DEPTH}")
-    if name == "BROADCAST_TO" and len(output_dims) > BROADCAST_TO:
-        return (f"rank {len(output_dims)}; onert's BROADCAST_TO is correct up to rank {BROADCAST_TO} only "
+    return None
+
+
+def broadcast_to_rank(name, ins, out, axes=None):
+    if len(out) > BROADCAST_TO:
+        return (f"rank {len(out)}; onert's BROADCAST_TO is correct up to rank {BROADCAST_TO} only "
                 "(6: wrong values, 7: crash)")
-    if name in BINARY_ELEMENTWISE or name in UNARY_ELEMENTWISE:
-        limit = elementwise_max_rank(name, input_dims, output_dims)
-        if len(output_dims) > limit:
-            how = "with broadcasting operands " if limit < ELEMENTWISE else ""
-            return f"rank {len(output_dims)}; onert computes {name} {how}correctly up to rank {limit} only"
+    return None
+
+
+def elementwise_rank(name, ins, out, axes=None):
+    limit = elementwise_max_rank(name, ins, out)
+    if len(out) > limit:
+        how = "with broadcasting operands " if limit < ELEMENTWISE else ""
+        return f"rank {len(out)}; onert computes {name} {how}correctly up to rank {limit} only"
     return None
 
 
 # ------------------------------------------------------------------ element types
-#: Element types onert 0.1.0's data-movement kernels run, per operator: ``op -> (positions of
-#: the data inputs, None = all; type names)``. Measured on [2,4] inputs, every type tried
-#: (FLOAT32, INT32, INT64, BOOL, INT8), exact where listed; the others fail at run time
-#: ("StridedSlice: unsupported data type", "Slice: ...", "Gather: unsupported input data
-#: type", ...) or, for REDUCE_MAX and ARG_MAX, at load/prepare (docs/onert-findings.md, "Element types").
-#: ``emit/legalize/types.py`` routes other types through an exact carrier; verify reports them.
-ELEMENT_TYPES: dict[str, tuple[tuple[int, ...] | None, frozenset[str]]] = {
-    "STRIDED_SLICE": ((0,), frozenset({"FLOAT32", "INT32", "INT64"})),
-    "SPLIT": ((1,), frozenset({"FLOAT32", "INT32", "INT64"})),
-    "CONCATENATION": (None, frozenset({"FLOAT32", "INT32", "INT64", "INT8"})),
-    "SLICE": ((0,), frozenset({"FLOAT32"})),
-    "BROADCAST_TO": ((0,), frozenset({"FLOAT32", "INT32"})),
-    "TRANSPOSE": ((0,), frozenset({"FLOAT32", "INT32"})),
-    "GATHER": ((0,), frozenset({"FLOAT32", "INT32"})),
-    "TILE": ((0,), frozenset({"FLOAT32"})),
-    "PAD": ((0,), frozenset({"FLOAT32", "INT8"})),
-    "PADV2": ((0, 2), frozenset({"FLOAT32", "INT8"})),
-    "REDUCE_MAX": ((0,), frozenset({"FLOAT32", "INT32"})),
-    "ARG_MAX": ((0,), frozenset({"FLOAT32", "INT32"})),  # int8: compares as unsigned (wrong)
-}
-#: the types the table was measured on: other types (UINT8, INT16...) and quantized tensors are
-#: left to the lowerings that emit them (the quantized-weights paths, measured separately)
+#: the types the element-type limits (``circle/op_table.py``, ``types=``) were measured on: other
+#: types (UINT8, INT16...) and quantized tensors are left to the lowerings that emit them (the
+#: quantized-weights paths, measured separately)
 MEASURED_TYPES = frozenset({"FLOAT32", "INT32", "INT64", "BOOL", "INT8"})
 
 
-def data_inputs(name: str, n_inputs: int) -> list[int]:
-    """Positions of operator ``name``'s inputs whose element type its kernel must support."""
-    positions = ELEMENT_TYPES[name][0]
-    return list(range(n_inputs)) if positions is None else [p for p in positions if p < n_inputs]
+# ------------------------------------------------------------------ form checks
+def constant_lhs(name, ins, outs):
+    """BATCH_MATMUL with a constant float lhs: "OperationValidator failed at line 123" at load
+    ([12,5] or [2,12,5] constant @ [2,5,7] input; a constant rhs is fine)."""
+    if len(ins) > 1 and ins[0].const and ins[0].type == "FLOAT32" and not ins[1].const:
+        return "a constant lhs; onert 0.1.0 refuses it at load (\"OperationValidator failed at line 123\")"
+    return None
 
 
-def unsupported_type(name: str, type_names: list[str]) -> str | None:
-    """The first of these data-input types onert 0.1.0's ``name`` kernel does not run (a
-    measured type only), or None."""
-    if name not in ELEMENT_TYPES:
-        return None
-    runs = ELEMENT_TYPES[name][1]
-    return next((t for t in type_names if t in MEASURED_TYPES and t not in runs), None)
+def dynamic_input(name, ins, outs):
+    """RMS_NORM with a dynamic dim: "ShapeValidator failed at line 1141" as the model output,
+    "num_elements() cannot calculate" at run otherwise, and a static one resized keeps its old
+    shape (docs/onert-findings.md, "RMS_NORM is unusable with dynamic or changing shapes")."""
+    if ins and ins[0].type == "FLOAT32" and -1 in ins[0].dims:  # (no integer kernel at all)
+        return f"a dynamic input {ins[0].dims}; onert 0.1.0's {name} runs static shapes only"
+    return None
+
+
+def several_positions(name, ins, outs):
+    """ROPE tables (inputs 1, 2) holding more than one position: onert 0.1.0 applies the first
+    row to every position, silently (docs/onert-findings.md, matrix: ROPE)."""
+    for what, t in zip(("sin", "cos"), ins[1:3]):
+        if len(t.dims) and any(d != 1 for d in t.dims[:-1]):
+            return f"{what} table {t.dims} holds several positions; onert 0.1.0's ROPE would use the first for all"
+    return None

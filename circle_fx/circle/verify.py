@@ -36,7 +36,7 @@ import numpy as np
 from circle_schema import circle
 
 from ..errors import VerifyError
-from . import ggml, limits
+from . import ggml, limits, op_table
 from .dims import DYNAMIC, broadcast, fmt as _fmt, numel as _numel, same as _same, same_shape as _same_shape
 from .dedup import duplicate_bytes, duplicates
 from .ggml import block_type
@@ -340,7 +340,8 @@ class _Checker:
             return 0
 
     def check_options(self, op: OperatorView, where: str) -> None:
-        kind = options_class_name(op.builtin_code)
+        spec = op_table.row(op.builtin_code)
+        kind = spec.options if spec is not None else options_class_name(op.builtin_code)
         if kind is None:
             return
         union, value = options_union(kind)
@@ -367,14 +368,15 @@ class _Checker:
 
     # -------------------------------------------------------------- shapes
     def check_shapes(self, op: OperatorView) -> None:
-        rule = _RULES.get(op.builtin_code)
-        if rule is None:
+        spec = op_table.row(op.builtin_code)
+        if spec is None:
             return
+        rule = SHAPE_RULES[spec.shape]
         if any(i != -1 and not self.valid_tensor(i) for i in op.inputs + op.outputs):
             return
         self.shape_checked += 1
         try:
-            msg = _element_types(self, op) or _rank_limit(self, op) or rule(self, op)
+            msg = _element_types(self, op) or _rank_limit(self, op, spec) or _form_limits(self, op) or rule(self, op)
         except _Skip:
             return
         except (IndexError, ValueError):  # a rule reads the operands it needs by position
@@ -434,11 +436,24 @@ def _elementwise(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), want)
 
 
-def _rank_limit(c: _Checker, op: OperatorView) -> str | None:
-    """An operand rank beyond what onert runs correctly (``limits.rank_problem``)."""
-    axes = c.const_ints(op.inputs[1]) if op.name in limits.REDUCTIONS and len(op.inputs) > 1 else None
-    return limits.rank_problem(op.name, [c.dims(i) if i >= 0 else [] for i in op.inputs],
-                               c.dims(op.outputs[0]) if op.outputs else [], axes)
+def _rank_limit(c: _Checker, op: OperatorView, spec) -> str | None:
+    """An operand rank beyond what onert runs correctly (the op table's ``rank``)."""
+    axes = c.const_ints(op.inputs[1]) if spec.reads_axes and len(op.inputs) > 1 else None
+    return op_table.rank_problem(op.name, [c.dims(i) if i >= 0 else [] for i in op.inputs],
+                                 c.dims(op.outputs[0]) if op.outputs else [], axes)
+
+
+def _operand(c: _Checker, i: int) -> op_table.Operand:
+    if i < 0:
+        return op_table.Operand([], "", False)
+    return op_table.Operand(c.dims(i), c.cf.tensors[i].type_name, c.is_const(i))
+
+
+def _form_limits(c: _Checker, op: OperatorView) -> str | None:
+    """A form onert 0.1.0 refuses or miscomputes (the op table's ``forms``), named by its limit:
+    the legalization step of that name rewrites it."""
+    found = op_table.form_problems(op.name, [_operand(c, i) for i in op.inputs], [_operand(c, i) for i in op.outputs])
+    return "; ".join(f"{limit}: {msg}" for limit, msg in found) or None
 
 
 _COMPARISONS = limits.COMPARISONS
@@ -463,17 +478,17 @@ def _types(c: _Checker, op: OperatorView) -> str | None:
 
 
 def _element_types(c: _Checker, op: OperatorView) -> str | None:
-    """A data-movement op on an element type onert 0.1.0's kernel does not run (limits.ELEMENT_TYPES):
+    """An op on an element type onert 0.1.0's kernel does not run (the op table's ``types``):
     the file loads and fails at run time."""
-    if op.name not in limits.ELEMENT_TYPES:
+    if op.name not in op_table.ELEMENT_TYPES:
         return None
-    data = [op.inputs[p] for p in limits.data_inputs(op.name, len(op.inputs)) if op.inputs[p] >= 0]
+    data = [op.inputs[p] for p in op_table.data_inputs(op.name, len(op.inputs)) if op.inputs[p] >= 0]
     if any(c.cf.tensors[i].quantization is not None for i in data):
         return None
-    bad = limits.unsupported_type(op.name, [c.cf.tensors[i].type_name for i in data])
+    bad = op_table.unsupported_type(op.name, [c.cf.tensors[i].type_name for i in data])
     if bad is None:
         return None
-    runs = sorted(limits.ELEMENT_TYPES[op.name][1])
+    runs = sorted(op_table.ELEMENT_TYPES[op.name][1])
     runs = " and ".join([", ".join(runs[:-1]), runs[-1]] if len(runs) > 1 else runs)
     return f"input type {bad}: onert 0.1.0's {op.name} runs {runs} only"
 
@@ -504,8 +519,8 @@ def _rms_norm(c: _Checker, op: OperatorView):
 
 
 def _rope(c: _Checker, op: OperatorView):
-    """onert's ROPE: 4-D x with an even last dim D, inputs (x, sin, cos), 4-D tables ending in D;
-    it applies the tables' first row to every position, so more than one row is silently wrong."""
+    """onert's ROPE: 4-D x with an even last dim D, inputs (x, sin, cos), 4-D tables ending in D
+    (tables of several positions: the op table's form limit, checked before this rule)."""
     if len(op.inputs) != 3:
         return f"{len(op.inputs)} inputs; ROPE takes (x, sin, cos)"
     x = c.dims(op.inputs[0])
@@ -515,8 +530,6 @@ def _rope(c: _Checker, op: OperatorView):
         t = c.dims(i)
         if len(t) != 4 or not _same(t[-1], x[-1]):
             return f"{name} table {_fmt(t)} should be 4-D ending in {x[-1]}"
-        if any(d != 1 for d in t[:-1]):
-            return f"{name} table {_fmt(t)} holds several positions; onert's ROPE would use the first for all"
     return _expect(c.dims(op.outputs[0]), x)
 
 
@@ -733,21 +746,9 @@ def _arg_max(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), x[:a] + x[a + 1:])
 
 
-_ELEMENTWISE = limits.BINARY_ELEMENTWISE
-_UNARY = limits.UNARY_ELEMENTWISE
-
-_RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
-_RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})
-_RULES.update({BO.DEQUANTIZE: _dequantize, BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
-               BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
-               BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
-               BO.REDUCE_MAX: _reduce, BO.STRIDED_SLICE: _strided_slice, BO.SLICE: _slice, BO.TILE: _tile, BO.PAD: _pad, BO.PADV2: _pad,
-               BO.BROADCAST_TO: _broadcast_to, BO.ARG_MAX: _arg_max, BO.ARG_MIN: _arg_max})
-
-
 def has_rule(code: int) -> bool:
     """Whether :func:`verify` checks the shapes of operators with builtin ``code``."""
-    return code in _RULES
+    return op_table.row(code) is not None
 
 
 def _conv_2d(c: _Checker, op: OperatorView):
@@ -837,5 +838,12 @@ def _split(c: _Checker, op: OperatorView):
     return None
 
 
-_RULES.update({BO.CONV_2D: _conv_2d, BO.SPLIT: _split, BO.DEPTHWISE_CONV_2D: _depthwise_conv_2d,
-               BO.MAX_POOL_2D: _pool_2d, BO.AVERAGE_POOL_2D: _pool_2d})
+#: the shape rules the Circle op table (``circle/op_table.py``) names, by name
+SHAPE_RULES = {"elementwise": _elementwise, "same_as_input": _same_as_input, "dequantize": _dequantize,
+               "rms_norm": _rms_norm, "rope": _rope, "fully_connected": _fully_connected,
+               "batch_matmul": _batch_matmul, "reshape": _reshape, "transpose": _transpose,
+               "concatenation": _concatenation, "gather": _gather, "reduce": _reduce,
+               "strided_slice": _strided_slice, "slice": _slice, "tile": _tile, "pad": _pad,
+               "broadcast_to": _broadcast_to, "arg_max": _arg_max, "conv_2d": _conv_2d, "split": _split,
+               "depthwise_conv_2d": _depthwise_conv_2d, "pool_2d": _pool_2d}
+

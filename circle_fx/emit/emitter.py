@@ -6,7 +6,6 @@ emitted (or written) for a graph that cannot be lowered.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.fx as fx
 
@@ -20,7 +19,7 @@ from .context import LoweringContext
 from .legalize import legalize
 from .legalize.peephole import META_KEY as PEEPHOLE_KEY
 from .registry import lowering_for, refusal
-from .index_limits import attach_limits, guard_indices
+from .index_limits import attach_limits
 from .types import TORCH_TO_CIRCLE
 
 
@@ -82,27 +81,10 @@ def _has_dynamic_inputs(program: Program) -> bool:
     return False
 
 
-def _output_copy(mb: ModelBuilder, idx: int) -> int:
-    """A tensor of its own for a graph output, written by a RESHAPE after every other op.
-
-    Needed when the value is also read by later operators (onert 0.1.0 reuses such an
-    output's memory and returns a later op's result in it), is already another output,
-    or is a graph input or constant (which no operator produces).
-    """
-    t = mb.tensors[idx]
-    out = mb.add_tensor(f"{t.name}_out", t.shape, t.type, 0, t.shape_signature)
-    shape = mb.dims(idx)
-    if shape.count(-1) > 1:
-        mb.add_operator(BO.CAST, [idx], [out])  # RESHAPE could infer only one dynamic dim
-    else:
-        mb.add_operator(BO.RESHAPE, [idx, mb.add_constant(f"{t.name}_out/shape", np.array(shape, np.int32))], [out])
-    return out
-
-
 def emit(program: Program, progress=None, clamp_indices: bool = True) -> ModelBuilder:
     """Lower every node, in graph order. O(nodes); ``progress`` (see
     :mod:`circle_fx.progress`) is ticked once per node. ``clamp_indices``: see
-    :func:`circle_fx.emit.index_limits.guard_indices`."""
+    :func:`circle_fx.emit.index_limits.guard_indices` (the ``index_clamps`` legalization step)."""
     check_contract(program)
     check_supported(program)
     mb = ModelBuilder()
@@ -137,22 +119,20 @@ def emit(program: Program, progress=None, clamp_indices: bool = True) -> ModelBu
                 f"{type(e).__name__}: {e}", [(op_name(n.target), n.name, source_line(n))]) from e
     ctx.node = None
     outs = graph.output_node().args[0]
-    protected = set(mb.inputs) | {ctx.values[v] for v in outs if isinstance(ctx.values.get(v), int)}
-    legalize(mb, protected, optional=program.gm.meta.get(PEEPHOLE_KEY, True))
-    guard_indices(mb, clamp=clamp_indices)
-    consumed = {i for op in mb.operators for i in op.inputs}
     for value, name in zip(outs, program.output_names):
         if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
             raise UnsupportedOpError(f"output {name!r} is {value!r}, not a tensor; Circle outputs are tensors")
-        idx = ctx.tensor(value)
-        if idx in consumed or idx in mb.outputs or value.op != "call_function":
-            idx = _output_copy(mb, idx)
+        mb.outputs.append(ctx.tensor(value))
+        mb.output_names.append(name)
+    protected = set(mb.inputs) | set(mb.outputs)
+    skip = {name for name, on in (("peephole", program.gm.meta.get(PEEPHOLE_KEY, True)),
+                                  ("index_clamps", clamp_indices)) if not on}
+    legalize(mb, protected, skip=skip)  # its last step gives outputs that need one a tensor of their own
+    for k, (idx, name) in enumerate(zip(mb.outputs, mb.output_names)):
         tensor = mb.tensors[idx]
-        if name not in mb._names and idx not in mb.outputs:  # name the tensor too (`logits`)
+        if name not in mb._names and idx not in mb.outputs[:k]:  # name the tensor too (`logits`)
             mb._names.discard(tensor.name)
             tensor.name = name
             mb._names.add(name)
-        mb.outputs.append(idx)
-        mb.output_names.append(name)
     attach_limits(mb, program.notes.get("limits"))
     return mb

@@ -60,7 +60,7 @@ def test_arg_max_rule():
 
 
 def test_every_op_with_element_type_limits_has_a_rule():
-    """verify checks circle/limits.ELEMENT_TYPES inside the per-op rules: an op in the table
+    """verify checks the op table's element types inside the per-op rules: an op in the table
     without a rule would go unchecked."""
-    from circle_fx.circle.limits import ELEMENT_TYPES
+    from circle_fx.circle.op_table import ELEMENT_TYPES
     assert not [n for n in ELEMENT_TYPES if not has_rule(getattr(BO, n))]

@@ -140,8 +140,8 @@ def test_depthwise_deeper_than_onert_runs_is_split_by_channels(module, x):
     """onert 0.1.0's DEPTHWISE_CONV_2D never returns beyond depth ``limits.DEPTHWISE_DEPTH``:
     the ranks legalization step runs it as channel slices (export's verify would refuse an
     unsplit one before onert could hang on it)."""
-    from circle_fx.circle import limits
+    from circle_fx.circle import limits, op_table
     cm = assert_onert_matches_eager(module, (x,), rtol=1e-4, atol=1e-5)
     assert cm.op_histogram()["DEPTHWISE_CONV_2D"] == 2, cm.op_histogram()
-    assert limits.rank_problem("DEPTHWISE_CONV_2D", [], [1, 1, 6, limits.DEPTHWISE_DEPTH]) is None
-    assert "hangs" in limits.rank_problem("DEPTHWISE_CONV_2D", [], [1, 1, 6, limits.DEPTHWISE_DEPTH + 1])
+    assert op_table.rank_problem("DEPTHWISE_CONV_2D", [], [1, 1, 6, limits.DEPTHWISE_DEPTH]) is None
+    assert "hangs" in op_table.rank_problem("DEPTHWISE_CONV_2D", [], [1, 1, 6, limits.DEPTHWISE_DEPTH + 1])

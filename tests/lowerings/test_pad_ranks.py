@@ -1,7 +1,7 @@
 """PAD above rank 4 (onert 0.1.0: "Padding for rank > 4 NYI" at run time): the ranks
 legalization step merges neighbouring unpadded dims, so a 5-D or 6-D pad runs in onert and
 matches eager; one that pads more dims than onert holds is an export error naming it, and
-``limits.rank_problem`` (what verify reports) names the limit."""
+``op_table.rank_problem`` (what verify reports) names the limit."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import circle_fx
-from circle_fx.circle import limits
+from circle_fx.circle import op_table
 
 
 class Pad(torch.nn.Module):
@@ -41,5 +41,5 @@ def test_pad_that_does_not_fold_into_rank_4_is_refused_with_the_limit(pads):
 
 
 def test_rank_problem_names_the_pad_limit():
-    assert "rank <= 4" in limits.rank_problem("PAD", [[1, 2, 3, 4, 5], [5, 2]], [1, 2, 3, 4, 7])
-    assert limits.rank_problem("PADV2", [[2, 3, 4, 5], [4, 2], []], [2, 3, 4, 7]) is None
+    assert "rank <= 4" in op_table.rank_problem("PAD", [[1, 2, 3, 4, 5], [5, 2]], [1, 2, 3, 4, 7])
+    assert op_table.rank_problem("PADV2", [[2, 3, 4, 5], [4, 2], []], [2, 3, 4, 7]) is None

@@ -1,29 +1,34 @@
 """The legalization stage: the lowered Circle operators brought within what onert 0.1.0 runs.
 
 Lowerings emit plain Circle for their node; what onert cannot run as emitted (an element type
-without a kernel, a rank its kernel refuses or miscomputes) is fixed here, on the operator list,
-by named steps run in the declared order of :data:`STEPS`. Every limit is read from
-``circle/limits.py`` (:func:`~circle_fx.circle.limits.rank_problem`,
-:func:`~circle_fx.circle.limits.unsupported_type`), the same functions ``verify`` reports with.
+without a kernel, a rank its kernel refuses or miscomputes, a form it refuses: a constant
+matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions; a graph output that later
+operators read) is fixed here, on the operator list, by named steps run in the declared order
+of :data:`STEPS`. Every limit is read from the Circle op table (``circle/op_table.py``: its
+``types``, ``rank`` and ``forms``, the checks in ``circle/limits.py``), the same table
+``verify`` reports with.
 
 After each step, :func:`check` confirms what the steps so far promise (``ensures``): every
-operator's element types after ``types``, its ranks too after ``ranks``; a step that leaves an
-operator beyond the limits raises a :class:`~circle_fx.errors.LegalizeError` naming the step,
-the operators and their model lines, instead of a file that fails (or silently miscomputes)
-in onert.
+operator's element types after ``types``, its ranks after ``ranks``, each form limit after its
+step; a step that leaves an operator beyond the limits raises a
+:class:`~circle_fx.errors.LegalizeError` naming the step, the operators and their model lines,
+instead of a file that fails (or silently miscomputes) in onert.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...circle.limits import ELEMENT_TYPES, REDUCTIONS, data_inputs, rank_problem, unsupported_type
+from ...circle import op_table
+from ...circle.op_table import ELEMENT_TYPES, Operand, data_inputs, form_problems, rank_problem, unsupported_type
 from ...circle.schema import type_name
 from ...errors import LegalizeError
 from ..builder import ModelBuilder, op_name
-from . import peephole, ranks, types
+from ..index_limits import guard_indices
+from . import forms, outputs, peephole, ranks, types
 
-#: what a step establishes for every operator (checked after it and after every later step)
+#: what a step establishes for every operator (checked after it and after every later step);
+#: a form limit's name (``op_table.CONSTANT_LHS[0]``...) is what its step ensures
 TYPES, RANKS = "element types", "ranks"
 
 
@@ -34,25 +39,43 @@ class Step:
     #: and output tensors, which no step may bypass)
     run: Callable[[ModelBuilder, set], object]
     ensures: frozenset = frozenset()
-    #: False: a speed step the caller may turn off (``program.gm.meta[peephole.META_KEY]``)
+    #: False: a step the caller may turn off (``skip``: the peephole, a speed step,
+    #: ``program.gm.meta[peephole.META_KEY]``; index clamps, ``clamp_indices=False``)
     required: bool = True
+    #: run instead when the step is skipped (None: nothing)
+    when_skipped: Callable[[ModelBuilder, set], object] | None = None
+
+
+def _form(limit: tuple, rewrite) -> Step:
+    """The step of a form limit of the op table: named after it, ensuring it."""
+    return Step(limit[0], lambda mb, _: rewrite(mb), frozenset({limit[0]}))
 
 
 STEPS: tuple[Step, ...] = (
-    # first: its CASTs are elementwise operators, which the rank step then folds
+    # first: their operators (TRANSPOSE, MEAN, STRIDED_SLICE...) have type and rank limits
+    _form(op_table.CONSTANT_LHS, forms.constant_lhs),
+    _form(op_table.DYNAMIC_RMS_NORM, forms.dynamic_rms_norm),
+    _form(op_table.ROPE_POSITIONS, forms.rope_positions),
+    # its CASTs are elementwise operators, which the rank step then folds
     Step("types", lambda mb, _: types.legalize(mb), frozenset({TYPES})),
     # correctness, not speed: always, before the peephole merges the RESHAPEs it adds
     Step("ranks", lambda mb, _: ranks.legalize(mb), frozenset({RANKS})),
     Step("peephole", peephole.simplify, required=False),
+    # after the peephole, which would bypass what they add; skipped, the ranges are still recorded
+    Step("index_clamps", lambda mb, _: guard_indices(mb, clamp=True), required=False,
+         when_skipped=lambda mb, _: guard_indices(mb, clamp=False)),
+    Step(outputs.OUTPUT_COPIES, outputs.copy_outputs, frozenset({outputs.OUTPUT_COPIES})),
 )
 
 
-def legalize(mb: ModelBuilder, protected: set[int], optional: bool = True) -> None:
-    """Run :data:`STEPS` in order on ``mb`` (``optional=False`` skips the speed steps),
-    :func:`check` after each."""
+def legalize(mb: ModelBuilder, protected: set[int], optional: bool = True, skip=frozenset()) -> None:
+    """Run :data:`STEPS` in order on ``mb`` (``optional=False`` skips every step that is not
+    required, ``skip`` the ones named), :func:`check` after each."""
     ensured: set = set()
     for step in STEPS:
-        if not (step.required or optional):
+        if not step.required and (not optional or step.name in skip):
+            if step.when_skipped is not None:
+                step.when_skipped(mb, protected)
             continue
         step.run(mb, protected)
         ensured |= step.ensures
@@ -61,10 +84,12 @@ def legalize(mb: ModelBuilder, protected: set[int], optional: bool = True) -> No
 
 def check(mb: ModelBuilder, step: str, ensured) -> None:
     """Raise a :class:`LegalizeError` naming ``step`` when an operator breaks a limit in
-    ``ensured`` (:data:`TYPES`, :data:`RANKS`)."""
+    ``ensured`` (:data:`TYPES`, :data:`RANKS`, a form limit's name, :data:`outputs.OUTPUT_COPIES`)."""
     if not ensured:
         return
     problems, ops = [], []
+    if outputs.OUTPUT_COPIES in ensured:
+        problems += outputs.problems(mb)
     for k, op in enumerate(mb.operators):
         name = op_name(op.code)
         msg = None
@@ -74,16 +99,27 @@ def check(mb: ModelBuilder, step: str, ensured) -> None:
             if data and not any(mb.tensors[t].quantization is not None for t in data):
                 bad = unsupported_type(name, [type_name(mb.tensors[t].type) for t in data])
                 msg = f"input type {bad}: onert 0.1.0's {name} does not run it" if bad else None
-        if msg is None and RANKS in ensured:
+        spec = op_table.row(op.code)
+        if msg is None and RANKS in ensured and spec is not None:
             axes = mb.values(op.inputs[1]).ravel().tolist() \
-                if name in REDUCTIONS and len(op.inputs) > 1 and mb.tensors[op.inputs[1]].buffer else None
+                if spec.reads_axes and len(op.inputs) > 1 and mb.tensors[op.inputs[1]].buffer else None
             msg = rank_problem(name, [mb.dims(t) if t >= 0 else [] for t in op.inputs],
                                mb.dims(op.outputs[0]) if op.outputs else [], axes)
+        if msg is None and spec is not None and spec.forms:
+            found = form_problems(name, [_operand(mb, t) for t in op.inputs], [_operand(mb, t) for t in op.outputs],
+                                  only=ensured)
+            msg = "; ".join(f"{limit}: {m}" for limit, m in found) or None
         if msg:
             problems.append(f"operator {k} {name}{op.where}: {msg}")
             ops.append((name, "", op.source or ""))
     if problems:
         raise LegalizeError(
             f"after the {step!r} legalization step, {len(problems)} operator(s) are still beyond what onert "
-            f"0.1.0 runs (circle/limits.py):\n  " + "\n  ".join(problems[:20])
+            f"0.1.0 runs (circle/op_table.py):\n  " + "\n  ".join(problems[:20])
             + ("\n  ..." if len(problems) > 20 else ""), step, problems, ops)
+
+
+def _operand(mb: ModelBuilder, t: int) -> Operand:
+    if t < 0:
+        return Operand([], "", False)
+    return Operand(mb.dims(t), type_name(mb.tensors[t].type), bool(mb.tensors[t].buffer))

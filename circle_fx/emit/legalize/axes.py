@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...circle import dims, limits
+from ...circle import dims, limits, op_table
 from ...circle.schema import make_options as options
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
@@ -36,7 +36,7 @@ def fold_reduce(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None
         return None
     axes = sorted({int(a) % len(xd) for a in np.ravel(mb.values(axes_t))})
     if len(xd) <= limits.REDUCE:  # within rank: only a 4-D one that drops dims may need a fix
-        if not keep and limits.rank_problem(op_name(op.code), [xd], mb.dims(out_t), axes):
+        if not keep and op_table.rank_problem(op_name(op.code), [xd], mb.dims(out_t), axes):
             return _keeping_dims(mb, op, x, axes_t, axes, out_t)
         return None
     groups = dims.runs([d in axes for d in range(len(xd))], skip=lambda d: xd[d] == 1)

@@ -33,16 +33,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...circle import dims, limits
+from ...circle import dims, limits, op_table
 from ...circle.limits import elementwise_max_rank
 from ...circle.schema import QuantParams, make_options as options
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 from . import axes
-
-#: ops whose inputs broadcast against each other elementwise (unary ops: one input)
-ELEMENTWISE = {getattr(BO, n) for n in limits.BINARY_ELEMENTWISE + limits.UNARY_ELEMENTWISE
-               if n not in limits.NOT_FOLDED and hasattr(BO, n)}
-
 
 def legalize(mb: ModelBuilder) -> int:
     """Fold every operator above its rank limit (:data:`FOLDS`), in place; return how many."""
@@ -293,11 +288,12 @@ def _columns(q: QuantParams | None, cols: slice) -> QuantParams | None:
     return QuantParams(q.scale[cols], q.zero_point[cols], q.axis)
 
 
+#: the folds the Circle op table (``circle/op_table.py``, ``fold=``) names, by name
+STRATEGIES = {"elementwise": _fold_elementwise, "rms_norm": _fold_rms_norm, "depthwise_split": _split_depthwise,
+              "broadcast_to": _fold_broadcast_to, "batch_matmul": _fold_batch_matmul, "pad": _fold_pad,
+              "strided_slice": axes.fold_strided_slice, "reduce": axes.fold_reduce}
 #: Circle op -> its fold (replacement operators, or None when it is within its limit)
-FOLDS = {**{code: _fold_elementwise for code in ELEMENTWISE}, BO.RMS_NORM: _fold_rms_norm,
-         BO.DEPTHWISE_CONV_2D: _split_depthwise, BO.BROADCAST_TO: _fold_broadcast_to,
-         BO.BATCH_MATMUL: _fold_batch_matmul, BO.PAD: _fold_pad, BO.PADV2: _fold_pad, BO.STRIDED_SLICE: axes.fold_strided_slice,
-         **{getattr(BO, name): axes.fold_reduce for name in limits.REDUCTIONS}}
+FOLDS = {code: STRATEGIES[r.fold] for code, r in op_table.BY_CODE.items() if r.fold is not None}
 
 
 def _refuse(op: OperatorInfo, out: list[int], ins: list[list[int]], limit: int):

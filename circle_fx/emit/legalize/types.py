@@ -2,13 +2,14 @@
 carrier type after lowering.
 
 onert 0.1.0 has no bool kernel for STRIDED_SLICE, SPLIT, CONCATENATION, BROADCAST_TO, GATHER...
-and no int64 kernel for TRANSPOSE, GATHER, BROADCAST_TO (``circle/limits.ELEMENT_TYPES``, measured).
+and no int64 kernel for TRANSPOSE, GATHER, BROADCAST_TO (the Circle op table's ``types``, ``circle/op_table.py``, measured).
 The file loads and fails at run time. Any lowering can emit such an op on any type (a bool
 mask sliced, split, expanded above rank 5, selected with a dynamic batch...), so the fix is one
 step over the emitted operators (the ``types`` step of ``emit/legalize``), instead of a special case per lowering:
 
 - SLICE (float32 only) of another type: the same STRIDED_SLICE, which runs int32 and int64.
 - PAD / PADV2 of integers: CONCATENATION with constant blocks of the pad value.
+- SELECT_V2 of integer or bool values (float only): arithmetic / logic, exact for every value.
 - bool: CAST to int32 (float32 where the op runs no int32) in, the op, CAST back. Exact: 0 and
   1 survive both casts, and data movement never makes a new value. Constants are converted
   in place.
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...circle.dims import padded
-from ...circle.limits import ELEMENT_TYPES, data_inputs, unsupported_type
+from ...circle.dims import broadcast, padded
+from ...circle.op_table import ELEMENT_TYPES, data_inputs, unsupported_type
 from ...circle.schema import CIRCLE_TO_NUMPY, TT, make_options as options, type_name
 from ..builder import BO, ModelBuilder, OperatorInfo, op_name
 
@@ -53,6 +54,8 @@ def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     bad = unsupported_type(name, [_tname(mb, t) for t in data])
     if bad is None:
         return None
+    if name == "SELECT_V2":
+        return _select_by_arithmetic(mb, op)
     if name == "SLICE" and all(mb.tensors[t].buffer for t in op.inputs[1:]):
         strided = _as_strided_slice(mb, op)  # STRIDED_SLICE runs int32/int64; bool still needs a carrier
         return [strided] if (more := _retype(mb, strided)) is None else more
@@ -153,6 +156,38 @@ def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
     zeros = mb.add_constant(f"{mb.tensors[out].name}/broadcast", np.zeros([d if s == 1 else 1 for s, d in zip(src, dst)],
                                                                            np.int64))
     return [OperatorInfo(BO.ADD, [x, zeros], [out], options("AddOptions"), op.source)]
+
+
+def _select_by_arithmetic(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
+    """SELECT_V2 of integer or bool values (onert 0.1.0 selects float only: "Select: unsupported
+    data type" at run time) without a carrier: integers as ``a * CAST(c) + b * CAST(!c)`` (exact:
+    a product by 0 or 1, also int64 beyond 2**31, which no carrier holds), bools as
+    ``(c & a) | (!c & b)``."""
+    c, a, b = op.inputs
+    out = op.outputs[0]
+    vtype, src = mb.tensors[out].type, op.source
+    cinfo = mb.tensors[c]
+
+    def tensor(name, dims, hint, ttype):
+        return mb.add_tensor(f"{cinfo.name}/{name}", hint, ttype, 0, dims if -1 in dims else None)
+
+    cdims, chint = mb.dims(c), list(cinfo.shape)
+    not_c = tensor("not_cond", cdims, chint, TT.BOOL)
+    ops = [OperatorInfo(BO.LOGICAL_NOT, [c], [not_c], None, src)]
+    if vtype == TT.BOOL:
+        code, opts, c_of, not_c_of = BO.LOGICAL_AND, None, c, not_c
+    else:
+        code, opts = BO.MUL, options("MulOptions")
+        c_of, not_c_of = tensor("cond_int", cdims, chint, vtype), tensor("not_cond_int", cdims, chint, vtype)
+        ops += [OperatorInfo(BO.CAST, [c], [c_of], None, src), OperatorInfo(BO.CAST, [not_c], [not_c_of], None, src)]
+    picked = []
+    for t, mask in ((a, c_of), (b, not_c_of)):
+        part = tensor("picked", broadcast(cdims, mb.dims(t)), broadcast(chint, list(mb.tensors[t].shape)), vtype)
+        ops.append(OperatorInfo(code, [t, mask], [part], opts, src))
+        picked.append(part)
+    ops.append(OperatorInfo(BO.LOGICAL_OR if vtype == TT.BOOL else BO.ADD, picked, [out],
+                            None if vtype == TT.BOOL else options("AddOptions"), src))
+    return ops
 
 
 def _refuse(op: OperatorInfo, name: str, bad: str, runs: frozenset, constant: bool = False) -> None:

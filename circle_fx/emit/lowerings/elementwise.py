@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ...circle.dims import broadcast
 from ...fx_utils import arguments, val
 from ..registry import lowering
 from ._common import BO, operand, options
@@ -198,40 +197,12 @@ def bitwise_not(ctx, node):
 
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(ctx, node):
-    """SELECT_V2 for float values. onert 0.1.0's SELECT_V2 runs only float ("Select:
-    unsupported data type" for int32 / int64 / bool values, at run time), so integer values
-    are selected arithmetically, ``a * c + b * !c`` with ``c`` the condition cast to the
-    integer type (exact: a product by 0 or 1), and bool values logically, ``(c & a) | (!c & b)``.
-    Gemma3n masks out-of-range token ids this way; MoE routers select expert indices."""
+    """SELECT_V2, for values of any type. onert 0.1.0 selects float values only; the ``types``
+    legalization step rewrites an integer or bool one (``emit/legalize/types.py``). Gemma3n masks
+    out-of-range token ids this way; MoE routers select expert indices."""
     cond, a, b = node.args[0], node.args[1], node.args[2]
     dt = ctx.dtype(node)
-    c, ta, tb = operand(ctx, cond, torch.bool), operand(ctx, a, dt), operand(ctx, b, dt)
-    if dt.is_floating_point:
-        ctx.op(BO.SELECT_V2, [c, ta, tb], [ctx.output(node)])
-        return
-    not_c = ctx.like(cond, "not_cond", torch.bool)
-    ctx.op(BO.LOGICAL_NOT, [c], [not_c])
-    if dt == torch.bool:
-        code, opts, c_of, not_c_of = BO.LOGICAL_AND, None, c, not_c
-    else:
-        code, opts = BO.MUL, options("MulOptions")
-        c_of, not_c_of = ctx.like(cond, "cond_int", dt), ctx.like(cond, "not_cond_int", dt)
-        ctx.op(BO.CAST, [c], [c_of])
-        ctx.op(BO.CAST, [not_c], [not_c_of])
-    picked = []
-    for value, t, mask in ((a, ta, c_of), (b, tb, not_c_of)):
-        dims, hint = _broadcast(ctx, cond, value)
-        part = ctx.new_tensor(dims, dt, "picked", hint)
-        ctx.op(code, [t, mask], [part], opts)
-        picked.append(part)
-    ctx.op(BO.LOGICAL_OR if dt == torch.bool else BO.ADD, picked, [ctx.output(node)],
-           None if dt == torch.bool else options("AddOptions"))
-
-
-def _broadcast(ctx, *values) -> tuple[list[int], list[int]]:
-    """dims (-1 dynamic) and example sizes of the broadcast of ``values`` (scalars: rank 0)."""
-    nodes = [v for v in values if isinstance(v, fx.Node)]
-    return broadcast(*(ctx.dims(v) for v in nodes)), broadcast(*(ctx.shape_hint(v) for v in nodes))
+    ctx.op(BO.SELECT_V2, [operand(ctx, cond, torch.bool), operand(ctx, a, dt), operand(ctx, b, dt)], [ctx.output(node)])
 
 
 @lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default)

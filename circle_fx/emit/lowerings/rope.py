@@ -1,9 +1,10 @@
 """``circle.rope(x, sin, cos)`` -> Circle ROPE (builtin -7), mode GPT_NEOX.
 
 onert wants 4-D tables whose last dim is the head dim, in the input order (x, sin, cos),
-and a RoPEOptions table (without it the kernel segfaults). The fusion only creates this
-op for single-position tables (see circle_fx/fusions/rope.py), so reshaping them to
-[1, 1, 1, D] is exact.
+and a RoPEOptions table (without it the kernel segfaults): tables of one position become
+``[1, 1, 1, D]``, others get leading 1s up to rank 4. onert applies the first row to every
+position; the fusion creates this op for single-position tables only (circle_fx/fusions/rope.py),
+and the ``rope_positions`` legalization step (``emit/legalize/forms.py``) decomposes any other.
 """
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ def lower_rope(ctx, node):
     tables = []
     for name, t in (("sin", sin), ("cos", cos)):
         dims = ctx.dims(t, static=True)
-        if dims[-1] != d or any(k != 1 for k in dims[:-1]):
-            raise ctx.error(f"{name} table {dims}: onert's ROPE is exact only for one position "
-                            f"([..., {d}] with every other dim 1); it would apply row 0 to every position")
+        if dims[-1] != d or len(dims) > 4 and any(k != 1 for k in dims[:-1]):
+            raise ctx.error(f"{name} table {dims}: ROPE takes a table [..., {d}] of rank <= 4")
+        want = [1, 1, 1, d] if all(k == 1 for k in dims[:-1]) else [1] * (4 - len(dims)) + dims
         idx = operand(ctx, t, dt)
-        if ctx.dims(t, static=True) != [1, 1, 1, d]:
-            r = ctx.new_tensor([1, 1, 1, d], dt, f"{name}4d")
-            ctx.op(BO.RESHAPE, [idx, ctx.int_const([1, 1, 1, d])], [r])
+        if dims != want:
+            r = ctx.new_tensor(want, dt, f"{name}4d")
+            ctx.op(BO.RESHAPE, [idx, ctx.int_const(want)], [r])
             idx = r
         tables.append(idx)
     ctx.op(BO.ROPE, [ctx.tensor(x), *tables], [ctx.output(node)], options("RoPEOptions", mode=GPT_NEOX))
