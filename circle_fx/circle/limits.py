@@ -161,3 +161,26 @@ def several_positions(name, ins, outs):
         if len(t.dims) and any(d != 1 for d in t.dims[:-1]):
             return f"{what} table {t.dims} holds several positions; onert 0.1.0's ROPE would use the first for all"
     return None
+
+
+def ggml_rows(name, ins, outs):
+    """A GGML-weight FULLY_CONNECTED whose input is not 2-D or ``[1, rows, in]``: ggml's kernel
+    aborts the process (:func:`fully_connected_input_problem`)."""
+    if len(ins) > 1 and ins[1].type.startswith("GGML_"):
+        return fully_connected_input_problem(ins[0].dims, True)
+    return None
+
+
+# ------------------------------------------------------------------ graph outputs
+#: the legalization step (``emit/legalize/outputs.py``) that gives such outputs a tensor of their own
+OUTPUT_COPIES = "output_copies"
+
+
+def output_read_problem(readers: list[int]) -> str | None:
+    """A graph output read by operators ``readers``: onert 0.1.0 reuses its memory for a later
+    result and returns that (measured: y = x + 1 also read by MUL, MUL: y comes back as the
+    second MUL's result; one reader with nothing after it happens to come back right)."""
+    if readers:
+        return (f"{OUTPUT_COPIES}: also read by operator(s) {readers[:4]}; onert 0.1.0 reuses a graph output's "
+                "memory for later results and returns those (write the output with a RESHAPE of its own)")
+    return None

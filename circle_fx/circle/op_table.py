@@ -14,7 +14,7 @@ A row (:class:`CircleOp`) names
   at load / prepare (docs/onert-findings.md, "Element types"; ``test_table_matches_onert``
   re-measures them);
 - ``forms``: its other onert limits, ``(limit name, check)`` (a constant lhs, a dynamic input,
-  a table holding several positions), each fixed by the legalization step of that name
+  a table holding several positions, a GGML weight's input rank), each fixed by the legalization step of that name
   (``emit/legalize/forms.py``);
 - ``options``: its options table (``schema.options_class_name``: onert segfaults without it);
 - ``fold``: how the ``ranks`` legalization step brings it within its rank limit (a fold of
@@ -37,6 +37,7 @@ FormLimit = tuple[str, Callable]
 CONSTANT_LHS = ("constant_lhs", limits.constant_lhs)
 DYNAMIC_RMS_NORM = ("dynamic_rms_norm", limits.dynamic_input)
 ROPE_POSITIONS = ("rope_positions", limits.several_positions)
+GGML_ROWS = ("ggml_rows", limits.ggml_rows)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ _ROWS = [
                fold=None if n in _NOT_FOLDED else "elementwise") for n in UNARY_ELEMENTWISE),
     CircleOp("RMS_NORM", "rms_norm", limits.rms_norm_rank, forms=(DYNAMIC_RMS_NORM,), fold="rms_norm"),
     CircleOp("ROPE", "rope", forms=(ROPE_POSITIONS,)),
-    CircleOp("FULLY_CONNECTED", "fully_connected"),
+    CircleOp("FULLY_CONNECTED", "fully_connected", forms=(GGML_ROWS,)),
     CircleOp("BATCH_MATMUL", "batch_matmul", limits.batch_matmul_rank, forms=(CONSTANT_LHS,), fold="batch_matmul"),
     CircleOp("RESHAPE", "reshape"),
     CircleOp("TRANSPOSE", "transpose", types=((0,), _F32_I32)),

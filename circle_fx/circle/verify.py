@@ -6,7 +6,11 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
 
 - indices: every tensor, buffer and opcode index in range (``-1`` only as an optional input);
 - data flow: every operator input is a graph input, a constant, or the output of an earlier
-  operator; no tensor is produced twice; every graph output is produced;
+  operator; no tensor is produced twice; every graph output is produced, and read by no
+  operator (onert reuses its memory: ``limits.output_read_problem``);
+- onert's limits, from the Circle op table (``circle/op_table.py``): element types, ranks and
+  forms (a constant matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions), each
+  form named by the legalization step that fixes it;
 - constants: buffer size == prod(shape) * itemsize;
 - options: every op that has an options table carries one of the right type (onert
   segfaults otherwise);
@@ -302,9 +306,15 @@ class _Checker:
                 available.add(i)
             self.check_options(op, where)
             self.check_block_uses(op, where)
+        readers: dict[int, list[int]] = {}
+        for op in cf.operators:
+            for i in op.inputs:
+                readers.setdefault(i, []).append(op.index)
         for i in cf.outputs:
             if self.valid_tensor(i) and i not in produced_by:
                 self.bad(f"graph output {self.tname(i)} is not produced by any operator")
+            elif (why := limits.output_read_problem(readers.get(i, []))) is not None:
+                self.bad(f"graph output {self.tname(i)}: {why}")
         return ok
 
     def check_block_uses(self, op: OperatorView, where: str) -> None:
@@ -315,11 +325,7 @@ class _Checker:
             if not self.valid_tensor(i) or block_type(self.cf.tensors[i].type) is None:
                 continue
             t = self.cf.tensors[i]
-            if op.builtin_code == BO.FULLY_CONNECTED and pos == 1:
-                why = limits.fully_connected_input_problem(self.dims(op.inputs[0]), True) \
-                    if self.valid_tensor(op.inputs[0]) else None
-                if why:
-                    self.bad(f"{where}: {why}")
+            if op.builtin_code == BO.FULLY_CONNECTED and pos == 1:  # its input's rank: the ggml_rows form limit
                 if len(op.inputs) > 2 and op.inputs[2] != -1:
                     self.bad(f"{where}: a {t.type_name} weight with a bias input (onert's ggml kernel throws; "
                              "add the bias with ADD)")

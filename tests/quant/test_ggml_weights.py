@@ -16,7 +16,7 @@ import torch
 from circle_schema import circle
 
 import circle_fx
-from circle_fx import InputError, QuantConfig, RuntimeFailure, VerifyError
+from circle_fx import InputError, LegalizeError, QuantConfig, RuntimeFailure, VerifyError
 from circle_fx.circle import ggml
 from circle_fx.circle.ggml_support import ggml_unsupported_reason
 from circle_fx.circle.reader import read_circle
@@ -354,8 +354,9 @@ def test_ggml_thread_count_is_within_the_affinity():
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
 def test_batched_input_reaches_the_ggml_kernel_flattened(kind, monkeypatch):
     """onert's ggml FULLY_CONNECTED aborts the host process on an input like [2, 3, in] (the
-    float kernel flattens it): the GGML linear keeps its RESHAPE to [rows, in] (the peephole's
-    FC rule asks ``limits``), and ``verify`` refuses a file that feeds it unflattened."""
+    float kernel flattens it): the ``ggml_rows`` legalization step RESHAPEs it to [rows, in], the
+    peephole's FC rule keeps that RESHAPE (it asks ``limits``), and the check after it refuses a
+    peephole that would not (verify's report: tests/lowerings/test_form_limits.py)."""
     from circle_fx.emit.legalize import peephole
 
     model = torch.nn.Linear(64, 32).eval()
@@ -369,6 +370,8 @@ def test_batched_input_reaches_the_ggml_kernel_flattened(kind, monkeypatch):
     if not ggml_unsupported_reason():
         with torch.no_grad():
             assert _rel(cm.run(x)[0], model(x).numpy()) < 0.1
-    monkeypatch.setattr(peephole, "block_type", lambda t: None)  # the rule as it was: skip the RESHAPE
-    with pytest.raises(VerifyError, match="GGML-weight FULLY_CONNECTED input of shape \\[2, 3, 64\\]"):
+    # the peephole's rule as it was (skip the RESHAPE): the check after it names the ggml_rows limit
+    monkeypatch.setattr(peephole, "block_type", lambda t: None)
+    with pytest.raises(LegalizeError, match="(?s)'peephole'.*ggml_rows: a GGML-weight FULLY_CONNECTED input of "
+                                            "shape \\[2, 3, 64\\]"):
         circle_fx.export(model, (x,), quantize=kind)

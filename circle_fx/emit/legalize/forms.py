@@ -13,6 +13,11 @@ reports a file with): the lowerings emit plain Circle, whatever onert makes of i
 - ``dynamic_rms_norm``: onert's RMS_NORM fails on dynamic shapes (or keeps the old shape
   when resized), so one with a dynamic input runs decomposed:
   ``x * rsqrt(mean(x*x, -1) + eps) * gamma`` as MUL/MEAN/ADD/RSQRT/MUL/MUL, which onert resizes.
+- ``ggml_rows``: a FULLY_CONNECTED flattens an N-D input into rows itself, but with a GGML block
+  weight onert's ggml kernel aborts the process unless the input is 2-D or ``[1, rows, in]``
+  (measured), so an N-D input is RESHAPEd to ``[rows, in]`` first (the FC writes ``[rows, out]``
+  either way); the peephole drops that RESHAPE where the limit allows (it asks the same limit:
+  ``limits.fully_connected_input_problem``).
 - ``rope_positions``: onert's ROPE applies the tables' first row to every
   position, so one whose tables hold several runs as ``x*cos + rotate_half(x)*sin``
   (``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``, GPT-NeoX, what ROPE's mode computes).
@@ -22,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...circle.dims import broadcast
-from ...circle.schema import CIRCLE_TO_NUMPY, make_options as options
+from ...circle.schema import CIRCLE_TO_NUMPY, make_options as options, type_name
 from ..builder import BO, ModelBuilder, OperatorInfo
 
 
@@ -32,6 +37,10 @@ def constant_lhs(mb: ModelBuilder) -> int:
 
 def dynamic_rms_norm(mb: ModelBuilder) -> int:
     return mb.rewrite_operators(lambda op: _decomposed_rms_norm(mb, op) if op.code == BO.RMS_NORM else None)
+
+
+def ggml_rows(mb: ModelBuilder) -> int:
+    return mb.rewrite_operators(lambda op: _rows(mb, op) if op.code == BO.FULLY_CONNECTED else None)
 
 
 def rope_positions(mb: ModelBuilder) -> int:
@@ -136,3 +145,17 @@ def _decomposed_rope(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] |
         terms.append(term)
     ops.append(OperatorInfo(BO.ADD, terms, [out], options("AddOptions"), src))
     return ops
+
+
+# ------------------------------------------------------------------------ ggml rows
+def _rows(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    x, w = op.inputs[:2]
+    dims = mb.dims(x)
+    if not type_name(mb.tensors[w].type).startswith("GGML_") or len(dims) == 2:
+        return None  # any other rank: flattened, and the peephole drops the RESHAPE where the limit allows
+    lead = dims[:-1]
+    rows = -1 if -1 in lead else int(np.prod(lead))
+    hint = list(mb.tensors[x].shape)
+    flat, ops = mb.reshaped(x, [rows, dims[-1]], [int(np.prod(hint[:-1])), hint[-1]],
+                            f"{mb.tensors[x].name}/rows", op.source)
+    return ops + [OperatorInfo(op.code, [flat, *op.inputs[1:]], list(op.outputs), op.options, op.source)]

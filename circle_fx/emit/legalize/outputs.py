@@ -1,7 +1,7 @@
 """Graph outputs onert 0.1.0 returns wrongly, given a tensor of their own (the ``output_copies`` step).
 
 onert reuses the memory of a graph output that later operators also read, and returns a later
-operator's result in it (``docs/onert-findings.md``, "A graph output read by later operators").
+operator's result in it (``circle/limits.output_read_problem``, measured; docs/onert-findings.md).
 So an output that is read by an operator, that is already another output, or that no operator
 writes (a graph input, a constant) is written by a RESHAPE of its own after every other
 operator (a CAST when two dims are dynamic: RESHAPE infers one). ``mb.outputs`` is replaced in
@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...circle.limits import OUTPUT_COPIES, output_read_problem
 from ..builder import BO, ModelBuilder
 
-OUTPUT_COPIES = "output_copies"
+__all__ = ["OUTPUT_COPIES", "copy_outputs", "problems"]
 
 
 def _needs_copy(mb: ModelBuilder, k: int, idx: int, read: set, written: set) -> str | None:
     if idx in read:
-        return "also read by an operator"
+        return output_read_problem([n for n, op in enumerate(mb.operators) if idx in op.inputs])
     if idx in mb.outputs[:k]:
         return "already an earlier output"
     if idx not in written:

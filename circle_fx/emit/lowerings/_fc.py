@@ -2,9 +2,9 @@
 quantized ones (``quant/lowerings``: PT2E uint8, int8 weights, GGML blocks).
 
 onert's FULLY_CONNECTED takes an input of rank >= 2 (it flattens the leading dims into rows)
-and writes ``[rows, out]``: :func:`rows_input` gives a 1-D input its row (or, ``flatten``,
-flattens every input to ``[rows, in]``, for the quantized kernels, whose flattening was not
-measured); :func:`fully_connected` runs the FC and the lowering's follow-up operators (MUL by
+and writes ``[rows, out]``: :func:`rows_input` gives a 1-D input its row (the ``ggml_rows``
+legalization step flattens the input of a GGML-weight FC, whose kernel aborts on most N-D
+inputs: ``emit/legalize/forms.py``); :func:`fully_connected` runs the FC and the lowering's follow-up operators (MUL by
 row scales, ADD bias) on ``[rows, out]``, the last writing the node's output, RESHAPEd back to
 its leading dims when it has more than two (one dynamic dim becomes -1). The lowerings differ
 only in what they choose: the weight's encoding, the bias operand and the operators after.
@@ -22,13 +22,12 @@ import math
 from ._common import ACTIVATION, BO, options
 
 
-def rows_input(ctx, x, flatten: bool = False) -> int:
+def rows_input(ctx, x) -> int:
     """Input node ``x``'s tensor as FULLY_CONNECTED takes it: ``[1, in]`` for a 1-D input,
-    ``[rows, in]`` for any rank but 2 when ``flatten`` (static dims), else as it is."""
+    else as it is."""
     xt, dims, hint = ctx.tensor(x), ctx.dims(x), ctx.shape_hint(x)
-    if len(dims) == 1 or (flatten and len(dims) != 2):
-        rows = math.prod(dims[:-1]) if flatten else 1
-        return ctx.reshaped(xt, [rows, dims[-1]], [math.prod(hint[:-1]) if flatten else 1, hint[-1]], "in2d")
+    if len(dims) == 1:
+        return ctx.reshaped(xt, [1, dims[-1]], [1, hint[-1]], "in2d")
     return xt
 
 

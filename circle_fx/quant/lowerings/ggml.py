@@ -55,7 +55,7 @@ def lower_linear_ggml(ctx, node):
     wt = _weight(ctx, blocks, kind, f"the {kind} weight")
     for v in (x, node):  # static shapes only (module docstring): raises on a dynamic dim
         ctx.dims(v, static=True)
-    xt = rows_input(ctx, x, flatten=True)
+    xt = rows_input(ctx, x)
     after = [] if bias is None else [(BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased")]
     if activation != "none" and bias is None:  # the ggml FC ignores a fused activation: an ADD of 0 takes it
         zeros = ctx.const(np.zeros(ctx.dims(node, static=True)[-1], np.float32), "zero_bias")

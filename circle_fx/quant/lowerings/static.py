@@ -70,7 +70,7 @@ def _fc(ctx, node, x, xs, w, w_scales: tuple, b, activation="none"):
     if b is not None:
         ints, qp = int_bias(ctx, b, xs, w_scales, torch.int64 if ctx.dtype(x) == torch.int16 else torch.int32)
         bias = ctx.const(ints.numpy(), "bias_q", quantization=qp)
-    fully_connected(ctx, node, rows_input(ctx, x, flatten=True), ctx.tensor(w), bias, quantization=ctx.quantization(node),
+    fully_connected(ctx, node, rows_input(ctx, x), ctx.tensor(w), bias, quantization=ctx.quantization(node),
                     activation=activation)
 
 

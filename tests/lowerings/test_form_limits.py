@@ -1,0 +1,184 @@
+"""onert form limits as legalization steps (emit/legalize/forms.py, types.py, outputs.py).
+
+For each limit: the lowering emits the plain Circle form (the operators as they reach the
+legalization stage), the step of that name rewrites it, ``verify`` reports a file legalized by
+every step but that one naming the limit, and the exported (legalized) file runs in onert and
+matches eager.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+from circle_fx.circle.ggml_support import ggml_unsupported_reason
+from circle_fx.circle.schema import BO, TT, op_name
+from circle_fx.emit import emitter
+from circle_fx.emit.legalize import STEPS
+from circle_fx.emit.writer import serialize
+
+from onert_eager import Fn, assert_onert_matches_eager, randn
+
+
+@pytest.fixture
+def lowered(monkeypatch):
+    """Records the ModelBuilder as the lowerings left it (before legalization) at each export."""
+    seen = {}
+    real = emitter.legalize
+
+    def spy(mb, protected, **kw):
+        seen["mb"], seen["protected"] = copy.deepcopy(mb), set(protected)
+        return real(mb, protected, **kw)
+
+    monkeypatch.setattr(emitter, "legalize", spy)
+    return seen
+
+
+def _plain(seen, code):
+    """The operators of ``code`` the lowerings emitted, with their input tensors' infos."""
+    mb = seen["mb"]
+    return [(op, [mb.tensors[t] if t >= 0 else None for t in op.inputs]) for op in mb.operators if op.code == code]
+
+
+def _verify_without(seen, step_name: str) -> list[str]:
+    """verify's problems with the file every legalization step but ``step_name`` made."""
+    mb, protected = copy.deepcopy(seen["mb"]), set(seen["protected"])
+    names = [s.name for s in STEPS]
+    assert step_name in names, names
+    for step in STEPS:
+        if step.name != step_name:
+            step.run(mb, protected)
+    with pytest.raises(circle_fx.VerifyError) as info:
+        circle_fx.verify(bytes(serialize(mb).head))
+    return info.value.problems
+
+
+def test_constant_lhs(lowered):
+    a = randn(6, 5, seed=1)
+    module = Fn(lambda x: a @ x)
+    x = randn(2, 5, 7)
+    cm = assert_onert_matches_eager(module, (x,), rtol=1e-5, atol=1e-5)
+    (op, ins), = _plain(lowered, BO.BATCH_MATMUL)
+    assert ins[0].buffer and not ins[1].buffer  # plain: the constant on the left
+    problems = _verify_without(lowered, "constant_lhs")
+    assert any("BATCH_MATMUL" in p and "constant_lhs: a constant lhs" in p for p in problems), problems
+    assert "TRANSPOSE" in {op.name for op in _ops(cm)}  # (B^T A^T)^T; the peephole took one TRANSPOSE
+
+
+def test_constant_lhs_vector_keeps_no_transpose(lowered):
+    a = randn(6, 5, seed=1)
+    cm = assert_onert_matches_eager(Fn(lambda v: a @ v), (randn(5),), rtol=1e-5, atol=1e-5)
+    assert "TRANSPOSE" not in {op.name for op in _ops(cm)}  # a swap of a size-1 dim is a RESHAPE
+
+
+def test_dynamic_rms_norm(lowered):
+    module = torch.nn.RMSNorm(8, eps=1e-5).eval()
+    x = randn(1, 5, 8)
+    cm = assert_onert_matches_eager(module, (x,), rtol=1e-5, atol=1e-5,
+                                    dynamic_shapes=({1: torch.export.Dim("s", min=2, max=32)},))
+    (op, ins), = _plain(lowered, BO.RMS_NORM)
+    assert ins[0].shape_signature is not None and -1 in ins[0].shape_signature
+    problems = _verify_without(lowered, "dynamic_rms_norm")
+    assert any("RMS_NORM" in p and "dynamic_rms_norm: a dynamic input" in p for p in problems), problems
+    assert "RMS_NORM" not in {op.name for op in _ops(cm)}
+    longer = randn(1, 11, 8, seed=3)
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(longer)[0], module(longer).numpy(), rtol=1e-5, atol=1e-5)
+
+
+class _Rope(torch.nn.Module):
+    """``circle.rope`` with tables of several positions (the fusion never makes one: it is exact
+    for one position only; a hand-written graph or a future fusion may)."""
+
+    def __init__(self, positions: int, d: int):
+        super().__init__()
+        ang = torch.arange(positions)[:, None] * torch.rand(d // 2, generator=torch.Generator().manual_seed(4))
+        ang = torch.cat([ang, ang], -1)[None, None]
+        self.register_buffer("sin", ang.sin())
+        self.register_buffer("cos", ang.cos())
+
+    def forward(self, x):
+        from circle_fx.fusions.rope import rope
+        return rope(x, self.sin, self.cos)
+
+
+def test_rope_positions(lowered):
+    x = randn(1, 2, 3, 8)
+    cm = assert_onert_matches_eager(_Rope(3, 8), (x,), rtol=1e-5, atol=1e-5)
+    (op, ins), = _plain(lowered, BO.ROPE)
+    assert list(ins[1].shape) == [1, 1, 3, 8]  # plain: the tables as they are
+    problems = _verify_without(lowered, "rope_positions")
+    assert any("ROPE" in p and "rope_positions: sin table [1, 1, 3, 8] holds several positions" in p
+               for p in problems), problems
+    assert "ROPE" not in {op.name for op in _ops(cm)}
+
+
+def test_rope_of_one_position_stays_rope(lowered):
+    cm = assert_onert_matches_eager(_Rope(1, 8), (randn(1, 2, 1, 8),), rtol=1e-5, atol=1e-5)
+    assert "ROPE" in {op.name for op in _ops(cm)}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_select_v2_values_float_only(lowered, dtype):
+    ids = torch.arange(8).reshape(2, 4)
+    fn = (lambda i: torch.where(i > 2, i, i * 2)) if dtype == torch.int64 else \
+        (lambda i: torch.where(i > 2, i > 4, i > 0))
+    cm = assert_onert_matches_eager(Fn(fn), (ids,), rtol=0, atol=0)
+    (op, ins), = _plain(lowered, BO.SELECT_V2)
+    want = TT.INT64 if dtype == torch.int64 else TT.BOOL
+    assert ins[1].type == want and ins[2].type == want  # plain: SELECT_V2 of any values
+    problems = _verify_without(lowered, "types")
+    assert any(f"input type {'INT64' if dtype == torch.int64 else 'BOOL'}: onert 0.1.0's SELECT_V2 runs FLOAT32 only"
+               in p for p in problems), problems
+    assert "SELECT_V2" not in {op.name for op in _ops(cm)}
+
+
+def test_ggml_rows(lowered):
+    model = torch.nn.Linear(64, 32).eval()
+    x = randn(2, 3, 64)
+    cm = circle_fx.export(model, (x,), quantize="q4_0")
+    (op, ins), = _plain(lowered, BO.FULLY_CONNECTED)
+    assert list(ins[0].shape) == [2, 3, 64]  # plain: the FC flattens its input itself
+    problems = _verify_without(lowered, "ggml_rows")
+    assert any("ggml_rows: a GGML-weight FULLY_CONNECTED input of shape [2, 3, 64]" in p for p in problems), problems
+    fc = next(o for o in _ops(cm) if o.name == "FULLY_CONNECTED")
+    assert len(cm_tensor_shape(cm, fc.inputs[0])) == 2
+    if not ggml_unsupported_reason():
+        with torch.no_grad():
+            ref = model(x).numpy()
+        assert np.abs(cm.run(x)[0] - ref).max() / np.abs(ref).max() < 0.05  # q4_0 weights
+
+
+def test_output_copies(lowered):
+    def fn(x):
+        y = x + 1
+        return y, y * 2 * 3
+
+    cm = assert_onert_matches_eager(Fn(fn), (randn(2, 8),), rtol=1e-6, atol=1e-6)
+    mb = lowered["mb"]
+    assert any(mb.outputs[0] in op.inputs for op in mb.operators)  # plain: the output is read on
+    problems = _verify_without(lowered, "output_copies")
+    assert any("graph output" in p and "output_copies: also read by operator" in p for p in problems), problems
+
+
+def _ops(cm):
+    from circle_fx.circle.reader import read_circle
+    return read_circle(bytes(cm.to_bytes())).operators
+
+
+def cm_tensor_shape(cm, t):
+    from circle_fx.circle.reader import read_circle
+    return list(read_circle(bytes(cm.to_bytes())).tensors[t].shape)
+
+
+def test_every_form_limit_has_its_step():
+    """The op table's form limits and the legalization steps: one step per limit, named after it."""
+    from circle_fx.circle import op_table
+    limits = {name for row in op_table.OPS.values() for name, _ in row.forms}
+    steps = {s.name: s for s in STEPS}
+    assert limits and limits <= set(steps), limits - set(steps)
+    assert all(name in steps[name].ensures for name in limits)
+    assert op_name(BO.ROPE) == "ROPE"
