@@ -38,7 +38,7 @@ class UnsupportedOpError(CircleFxError):
 
 class LegalizeError(UnsupportedOpError):
     """After a legalization step (``emit/legalize/``), an operator is still beyond what onert
-    0.1.0 runs (``circle/limits.py``): ``.step`` names the step, ``.problems`` the operators."""
+    0.1.0 runs (the Circle op table, ``circle/op_table.py``): ``.step`` names the step, ``.problems`` the operators."""
 
     def __init__(self, message: str, step: str = "", problems: list[str] | None = None,
                  ops: list[tuple[str, str, str]] | None = None):
