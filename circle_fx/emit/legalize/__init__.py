@@ -40,8 +40,8 @@ class Step:
     #: and output tensors, which no step may bypass)
     run: Callable[[ModelBuilder, set], object]
     ensures: frozenset = frozenset()
-    #: False: a step the caller may turn off (``skip``: the peephole, a speed step,
-    #: ``program.gm.meta[peephole.META_KEY]``; index clamps, ``clamp_indices=False``)
+    #: False: a step the caller may skip (the peephole, a speed step:
+    #: ``program.gm.meta[peephole.META_KEY]``; index clamps: ``clamp_indices=False``)
     required: bool = True
     #: run instead when the step is skipped (None: nothing)
     when_skipped: Callable[[ModelBuilder, set], object] | None = None
@@ -70,12 +70,15 @@ STEPS: tuple[Step, ...] = (
 )
 
 
-def legalize(mb: ModelBuilder, protected: set[int], optional: bool = True, skip=frozenset()) -> None:
-    """Run :data:`STEPS` in order on ``mb`` (``optional=False`` skips every step that is not
-    required, ``skip`` the ones named), :func:`check` after each."""
+def legalize(mb: ModelBuilder, protected: set[int], skip=frozenset()) -> None:
+    """Run :data:`STEPS` in order on ``mb`` but the optional ones named in ``skip``,
+    :func:`check` after each."""
+    unknown = set(skip) - {s.name for s in STEPS if not s.required}
+    if unknown:
+        raise ValueError(f"only optional legalization steps can be skipped, not {sorted(unknown)}")
     ensured: set = set()
     for step in STEPS:
-        if not step.required and (not optional or step.name in skip):
+        if step.name in skip:
             if step.when_skipped is not None:
                 step.when_skipped(mb, protected)
             continue
