@@ -74,6 +74,12 @@ def test_constant_lhs_vector_keeps_no_transpose(lowered):
     assert "TRANSPOSE" not in {op.name for op in _ops(cm)}  # a swap of a size-1 dim is a RESHAPE
 
 
+def test_constant_vector_lhs(lowered):
+    v = randn(5, seed=2)
+    cm = assert_onert_matches_eager(Fn(lambda x: v @ x), (randn(3, 5, 7),), rtol=1e-5, atol=1e-5)
+    assert [op.name for op in _ops(cm)].count("TRANSPOSE") <= 1
+
+
 def test_dynamic_rms_norm(lowered):
     module = torch.nn.RMSNorm(8, eps=1e-5).eval()
     x = randn(1, 5, 8)

@@ -65,8 +65,8 @@ def sdpa(ctx, node):
     dims = broadcast(qd[:-2], kd[:-2]) + [qd[-2], kd[-2]]
     hint = broadcast(qh[:-2], kh[:-2]) + [qh[-2], kh[-2]]
     scores = ctx.new_tensor(dims, dt, "scores", hint)
-    # through batch_matmul: a constant q (DETR's first decoder layer: learned queries, folded
-    # before its cross-attention) must not be a BATCH_MATMUL lhs in onert 0.1.0
+    # a constant q (DETR's first decoder layer: learned queries, folded before its cross-attention)
+    # is a constant lhs onert 0.1.0 refuses: the constant_lhs legalization step swaps the operands
     batch_matmul(ctx, ctx.tensor(q), k_t, scores)
     scale = 1.0 / math.sqrt(qh[-1]) if scale is None else scale
     logits = ctx.new_tensor(dims, dt, "scaled", hint)

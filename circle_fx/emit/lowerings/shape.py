@@ -28,7 +28,7 @@ def reshape(ctx, node):
     ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.shape_operand(node)], [ctx.output(node)])
 
 
-#: element types onert 0.1.0's TRANSPOSE kernel runs (circle/limits.ELEMENT_TYPES); bool is
+#: element types onert 0.1.0's TRANSPOSE kernel runs (the op table's types, circle/op_table.py); bool is
 #: carried through int32 after lowering (emit/legalize/types.py), int64 / int8 have no exact carrier
 _TRANSPOSE_TYPES = (torch.float32, torch.int32)
 
