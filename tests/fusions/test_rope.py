@@ -57,15 +57,19 @@ def test_family_is_registered_and_removable():
     assert cm.op_histogram()["ROPE"] == 0
 
 
-def test_circle_rope_with_several_positions_is_refused():
+def test_circle_rope_with_several_positions_runs_decomposed():
     """Called directly (the fusion never does this), circle.rope with a table of several
-    positions would be silently wrong in onert: the lowering refuses it."""
+    positions would be silently wrong in onert's ROPE: the ``rope_positions`` legalization step
+    decomposes it (emit/legalize/forms.py; tests/lowerings/test_form_limits.py), tables given
+    as model inputs too."""
     from circle_fx.fusions.rope import rope
+    from onert_eager import assert_onert_matches_eager
 
     class Direct(torch.nn.Module):
         def forward(self, x, s, c):
             return rope(x, s, c)
 
-    x, t = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
-    with pytest.raises(circle_fx.UnsupportedOpError, match="one position"):
-        circle_fx.export(Direct(), (x, t, t))
+    g = torch.Generator().manual_seed(0)
+    x, s, c = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 1, 3, 8, generator=g), torch.randn(1, 1, 3, 8, generator=g)
+    cm = assert_onert_matches_eager(Direct(), (x, s, c), rtol=1e-5, atol=1e-5)
+    assert cm.op_histogram()["ROPE"] == 0
