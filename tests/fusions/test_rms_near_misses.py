@@ -152,7 +152,7 @@ def test_onert_float32_near_miss(flaw):
 
 
 # onert 0.1.0 overwrites a model output that later ops also read (the variance buffer received
-# RSQRT's result); the emitter now gives such outputs their own tensor (emitter._output_copy)
+# RSQRT's result); the output_copies legalization step gives such outputs their own tensor
 @pytest.mark.parametrize("flaw", ["var_used", "scale_used"])
 def test_onert_float32_interior_output(flaw):
     model = NormModule(Spelling(flaw=flaw), 16)
