@@ -176,10 +176,20 @@ def ggml_rows(name, ins, outs):
 OUTPUT_COPIES = "output_copies"
 
 
+def tail_start(op_outputs: list[list[int]], graph_outputs: set) -> int:
+    """Index of the first operator of the trailing run whose operators write graph outputs only
+    (the output copies, the last result): reading an output there is safe (measured below)."""
+    k = len(op_outputs)
+    while k and all(o in graph_outputs for o in op_outputs[k - 1]):
+        k -= 1
+    return k
+
+
 def output_read_problem(readers: list[int]) -> str | None:
-    """A graph output read by operators ``readers``: onert 0.1.0 reuses its memory for a later
-    result and returns that (measured: y = x + 1 also read by MUL, MUL: y comes back as the
-    second MUL's result; one reader with nothing after it happens to come back right)."""
+    """A graph output read by operators ``readers`` (those before :func:`tail_start`): onert
+    0.1.0 reuses its memory for a later result and returns that (measured: y = x + 1 also read
+    by MUL, MUL: y comes back as the second MUL's result; read only by the last operator, which
+    writes another output, y comes back right)."""
     if readers:
         return (f"{OUTPUT_COPIES}: also read by operator(s) {readers[:4]}; onert 0.1.0 reuses a graph output's "
                 "memory for later results and returns those (write the output with a RESHAPE of its own)")

@@ -307,7 +307,8 @@ class _Checker:
             self.check_options(op, where)
             self.check_block_uses(op, where)
         readers: dict[int, list[int]] = {}
-        for op in cf.operators:
+        tail = limits.tail_start([list(op.outputs) for op in cf.operators], set(cf.outputs))
+        for op in cf.operators[:tail]:
             for i in op.inputs:
                 readers.setdefault(i, []).append(op.index)
         for i in cf.outputs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...circle.limits import OUTPUT_COPIES, output_read_problem
+from ...circle.limits import OUTPUT_COPIES, output_read_problem, tail_start
 from ..builder import BO, ModelBuilder
 
 __all__ = ["OUTPUT_COPIES", "copy_outputs", "problems"]
@@ -41,11 +41,21 @@ def copy_outputs(mb: ModelBuilder, protected: set) -> int:
 
 
 def problems(mb: ModelBuilder) -> list[str]:
-    """The graph outputs :func:`copy_outputs` would still copy (none after it ran)."""
-    read = {i for op in mb.operators for i in op.inputs}
+    """The graph outputs that still break the limit after :func:`copy_outputs`: read by an
+    operator before the trailing output writers (the copies read what they copy), or written by
+    none."""
+    tail = tail_start([op.outputs for op in mb.operators], set(mb.outputs))
+    read = {i for op in mb.operators[:tail] for i in op.inputs}
     written = {o for op in mb.operators for o in op.outputs}
-    return [f"graph output {k} {mb.tensors[idx].name!r}: {why}" for k, idx in enumerate(mb.outputs)
-            if (why := _needs_copy(mb, k, idx, read, written))]
+    out = []
+    for k, idx in enumerate(mb.outputs):
+        if idx in read:
+            why = output_read_problem([n for n, op in enumerate(mb.operators[:tail]) if idx in op.inputs])
+        else:
+            why = None if idx in written else "written by no operator (a graph input or a constant)"
+        if why:
+            out.append(f"graph output {k} {mb.tensors[idx].name!r}: {why}")
+    return out
 
 
 def _output_copy(mb: ModelBuilder, idx: int) -> int:
