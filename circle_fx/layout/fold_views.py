@@ -25,7 +25,7 @@ import torch.fx as fx
 
 from ..fx_utils import fake_constant, make_node, shape_of, static_shape
 from ..program import add_constant
-from .base import NodePass
+from ..pass_protocol import NodePass
 
 aten = torch.ops.aten
 

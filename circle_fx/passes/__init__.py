@@ -12,16 +12,16 @@ the emitter relies on constant-only subgraphs being gone.
 from __future__ import annotations
 
 from ..fusions import families, get_family
-from .base import Pass, PassLike, pass_name
+from ..pass_protocol import Pass, PassLike, pass_name
 from .canonicalize import Canonicalize
 from .dce import DeadCodeElimination
 from .decompose import DecomposeComposites
 from .fold_constants import FoldConstants
 from .fuse import FusePatterns, FusionRecord
-from .fold_views import FoldViews
+from ..layout.fold_views import FoldViews
 from .manager import Pipeline, run_passes
 from .merge_linears import MergeLinears
-from .nhwc import NHWCPadsIntoConvs, PropagateNHWC
+from ..layout.propagate import NHWCPadsIntoConvs, PropagateNHWC
 
 
 def fuse_family(family, record_failures: bool = False) -> FusePatterns:

@@ -20,7 +20,7 @@ import torch.fx as fx
 from ..fusion_log import FusionRecord
 from ..fusions import composite_rules
 from ..source import source_line
-from .base import Pass
+from ..pass_protocol import Pass
 from .flat_index import flat_index
 from .masked_rows import masked_rows
 from .uniform_gather import uniform_gather

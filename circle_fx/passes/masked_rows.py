@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node, static_shape, val
-from .nhwc import ELEMENTWISE
+from ..layout.propagate import ELEMENTWISE
 
 aten = torch.ops.aten
 

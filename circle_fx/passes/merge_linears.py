@@ -40,7 +40,7 @@ from ..circle.schema import QuantParams
 from ..meta import QUANT_META
 from ..fx_utils import arguments, dtype_of, fake_constant, make_node, static_shape
 from ..program import StackedTensor, add_constant, fetch_attr
-from .base import Pass
+from ..pass_protocol import Pass
 
 aten = torch.ops.aten
 

@@ -45,8 +45,8 @@ from ..source import source_line
 from ..meta import DEQUANTIZED_FROM, QUANT_META
 from ..fusions.rms_norm import reduces_a_square, rms_norm
 from ..program import add_constant, fetch_attr
-from ..passes.base import Pass
-from ..passes.fold_views import VIEW_OPS
+from ..pass_protocol import Pass
+from ..layout.fold_views import VIEW_OPS
 from . import qops
 
 aten = torch.ops.aten

@@ -52,7 +52,7 @@ from ..meta import CONSTANT_NAMES, QUANT_META
 from ..circle.schema import QuantParams
 from ..errors import InputError
 from ..fx_utils import arguments, fake_constant, make_node
-from ..passes.base import Pass
+from ..pass_protocol import Pass
 from ..program import StackedTensor, add_constant, row_chunks
 from .config import QuantConfig
 from ..circle import ggml
