@@ -7,5 +7,5 @@ moves those permutes past elementwise ops and, axes remapped (:mod:`.axes`), pas
 softmax, cat/split/slice, gathers and reshapes, so NHWC/NCHW pairs meet; :mod:`.fold_views`
 (``fold_views``) folds reshape and permute chains, cancelling the pairs. ``nhwc_pads`` then
 folds zero pads into convolutions. The passes are assembled into the pipeline by
-:mod:`circle_fx.passes`; this package imports only the core.
+:mod:`circle_fx.passes`; this package imports only the core and the pattern language.
 """
