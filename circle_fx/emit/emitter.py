@@ -154,5 +154,5 @@ def emit(program: Program, progress=None, clamp_indices: bool = True) -> ModelBu
             mb._names.add(name)
         mb.outputs.append(idx)
         mb.output_names.append(name)
-    attach_limits(mb, program.notes.get("limits"))
+    attach_limits(mb, program.limits)
     return mb

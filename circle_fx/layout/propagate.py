@@ -22,7 +22,7 @@ Ops with axes move a permute by remapping their axes through it (:mod:`.axes`):
 reductions, softmax, ``cat``/``split``/``slice``/``select``/one-index gathers, and reshapes that
 split dims or merge neighbours (GroupNorm's view, a patch embedding's ``flatten(2).transpose(1, 2)``).
 The permutes such a rule leaves (any rank, any order) are marked as layout permutes
-(``LAYOUT_META``) so later ops move them on; a permute of a permute is composed on the spot
+(``circle_fx.meta.LAYOUT_PERMUTE``) so later ops move them on; a permute of a permute is composed on the spot
 (ConvNeXt's own ``permute(0, 2, 3, 1)`` after a convolution cancels before its LayerNorm).
 
 Exact: values are only moved, never recomputed. O(nodes).
@@ -35,6 +35,7 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node, shape_of, static_shape
+from ..meta import LAYOUT_PERMUTE
 from ..ops_nhwc import conv2d_nhwc
 from ..pass_protocol import NodePass
 from .fold_views import PERMUTE_OPS, permutation
@@ -68,17 +69,12 @@ def _is_permute(v) -> bool:
     return isinstance(v, fx.Node) and v.op == "call_function" and v.target in PERMUTE_OPS
 
 
-#: set on the permutes this pass moves out of a layout permute (any rank and order): they are
-#: layout permutes too, so later ops move them on
-LAYOUT_META = "circle_fx.layout_permute"
-
-
 def _is_layout_permute(v) -> bool:
-    return _is_permute(v) and (v.meta.get(LAYOUT_META, False) or tuple(permutation(v)) in LAYOUT_PERMS)
+    return _is_permute(v) and (v.meta.get(LAYOUT_PERMUTE, False) or tuple(permutation(v)) in LAYOUT_PERMS)
 
 
 def _mark(n: fx.Node) -> fx.Node:
-    n.meta[LAYOUT_META] = True
+    n.meta[LAYOUT_PERMUTE] = True
     return n
 
 
