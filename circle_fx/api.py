@@ -7,13 +7,13 @@ from typing import Any, Callable, Iterable
 from .capture import capture_program, normalize_inputs
 from .emit.emitter import emit
 from .emit.writer import serialize
-from .errors import InputError
 from .model import CircleModel, ExportReport
 from .precision import check_precision
-from .passes import FoldConstants, default_pipeline, finalize_pipeline, run_passes
+from .passes import default_pipeline, finalize_pipeline, run_passes
 from .program import Program
 from .progress import NullProgress, print_timings, progress_for
-from .quant.config import QuantConfig, resolve_quantize
+from .quant.config import QuantConfig
+from .quant.plan import QuantPlan, quant_plan
 
 
 def capture(model, example_inputs, example_kwargs=None, dynamic_shapes=None,
@@ -60,11 +60,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     ``quant_report``: a :func:`circle_fx.quant.report.quantization_report` of the calibrated
     (prepared) model, kept on the result and printed by ``summary()``.
     """
-    if quant_target is not None:
-        from .quant.qdq import check_target
-
-        check_target(quant_target)  # a bad value fails before the (slow) capture
-    quantize = resolve_quantize(quantize)  # likewise
+    plan = quant_plan(quantize, quant_target)  # a bad value fails before the (slow) capture
     report = ExportReport(quant_report=quant_report)
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)
@@ -74,8 +70,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
         t1 = time.perf_counter()
         progress.update()
         cm = lower(program, passes=passes, external_weights=external_weights, report=report,
-                   capture_seconds=t1 - t0, progress=progress, quant_target=quant_target, quantize=quantize,
-                   verify=verify, clamp_indices=clamp_indices)
+                   capture_seconds=t1 - t0, progress=progress, quantize=plan, verify=verify, clamp_indices=clamp_indices)
     if verbose:
         print_timings(report.timings)
     return cm
@@ -83,15 +78,16 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
 
 def lower(program: Program, *, passes=None, external_weights=None, report: ExportReport | None = None,
           capture_seconds: float = 0.0, progress: NullProgress | None = None,
-          quant_target: str | None = None, quantize: str | QuantConfig | None = None,
+          quant_target: str | None = None, quantize: str | QuantConfig | QuantPlan | None = None,
           verify: bool = True, clamp_indices: bool = True, weight_cache: dict | None = None) -> CircleModel:
     """Run passes over an already captured :class:`Program` and emit it.
 
-    A graph with quantize/dequantize nodes gets the Q/DQ passes around ``passes``
-    (:func:`circle_fx.quant.qdq.bracket`), so fusions see through them.
-    ``quantize`` appends constant folding and the weight quantization pass after ``passes`` (so
-    fusions and any weight merging see float weights, merged weights get one scale per merged
-    row, and a weight a fusion left as a constant expression is one constant by then).
+    ``quantize`` / ``quant_target`` as for :func:`export` (or ``quantize`` a
+    :class:`~circle_fx.quant.plan.QuantPlan` resolved before): the plan puts the Q/DQ passes
+    around ``passes`` for a graph with quantize/dequantize nodes (so fusions see through them), or
+    constant folding and the weight quantization pass after ``passes`` (so fusions and any weight
+    merging see float weights, merged weights get one scale per merged row, and a weight a fusion
+    left as a constant expression is one constant by then).
     ``verify`` as for :func:`export`: inline models are checked here; a model with external
     weights (> 2 GB) is checked when saved, on the written file, before it is renamed into place.
     ``weight_cache``: one dict passed to several lowerings of the same model's weights (export_llm's
@@ -101,20 +97,7 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     progress = progress or NullProgress()
     t1 = time.perf_counter()
     pipeline = default_pipeline() if passes is None else list(passes)
-    from .quant.qdq import NOTES_KEY as QDQ_NOTES, bracket, has_qdq
-
-    pipeline = bracket(program, pipeline, quant_target)
-    quantize = resolve_quantize(quantize)
-    if quantize is not None and has_qdq(program):
-        raise InputError("quantize=... asks for weight-only quantization, but the model is already statically "
-                         "quantized (it has quantize/dequantize nodes): export it without quantize=")
-    if quantize is not None:
-        from .quant.weight_only import QuantizeWeights
-
-        # fold first: a fusion may leave a weight as a constant expression for the final fold
-        # (conv_batch_norm's ``w * scale``), which the pass would otherwise see as a non-constant
-        # operand and leave float; folded, it is one constant named after its parameter
-        pipeline += [FoldConstants(), QuantizeWeights(quantize, cache=weight_cache)]
+    pipeline = quant_plan(quantize, quant_target).pipeline(program, pipeline, weight_cache)
     finalize = finalize_pipeline()
     progress.stage("passes", len(pipeline) + len(finalize))
     for p in [*pipeline, *finalize]:  # one pass at a time, so the bar moves per pass
@@ -123,8 +106,8 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     # after the passes: a float16 constant folded into a float32 op (a widened norm weight) is fine
     check_precision(program)
     report.fusions = program.fusions()
-    report.notes = [*program.notes.get("implementations", []), *program.notes.get(QDQ_NOTES, [])]
-    report.quantization = program.notes.get("quantization")
+    report.notes = [*program.implementations, *program.qdq_notes]
+    report.quantization = program.quantization
     t2 = time.perf_counter()
     builder = emit(program, progress=progress, clamp_indices=clamp_indices)
     builder.share_buffers()  # each distinct constant stored once (tied weights, per-layer masks)

@@ -167,13 +167,13 @@ def capture_program(model, args, kwargs, dynamic_shapes=None, switch_implementat
     """``torch.export`` under export-friendly ``transformers`` implementations (see
     :mod:`circle_fx.transformers_compat`) and, if asked, in float32 (:mod:`circle_fx.precision`),
     lifted into a :class:`Program`; what was changed for the capture is recorded in
-    ``program.notes["implementations"]``. The model is restored either way."""
+    ``program.implementations``. The model is restored either way."""
     with export_friendly(model, switch_implementations, kwargs) as notes, \
             float32_for_export(model, args, kwargs, cast_to_float32) as (args, kwargs, cast_notes):
         ep = export_program(model, args, kwargs, dynamic_shapes)
         # inside: constants are detached from the parameters *now* (float32 under cast_to_float32)
         program = program_from_export(ep)
-    program.notes["implementations"] = [*notes, *cast_notes]
+    program.implementations = [*notes, *cast_notes]
     return program
 
 

@@ -16,7 +16,10 @@ member of a family:
   candidate, then the one that got furthest, then the smallest pattern (simplest story).
 
 Each entry names the candidate and its source line, the rule, the failed condition, and
-where in the user's source the failure was found. Nodes left in the final graph whose
+where in the user's source the failure was found. The rewrites no family owns (the pipeline's
+:class:`~circle_fx.patterns.RewriteRules` passes: ``rewrite_indexing``, ``fold_views``) report
+theirs too, as ``rewrite <rule>`` entries: a node of a rule's form that a later named check
+refused (``masked_rows``' ``row_wise`` on a running sum across the selected rows). Nodes left in the final graph whose
 lowering refuses their form (``@lowering(..., refuses=...)``) are listed with the reason.
 For quantization, the SmoothQuant folds (``circle_fx/quant/smooth_rules.py``) are looked for
 right after RMSNorm fusion, as ``CircleQuantizer(smooth_quant=...)`` sees the graph: how many
@@ -33,6 +36,7 @@ import torch.fx as fx
 from .emit.registry import refusal
 from .fusions import families
 from .passes import default_pipeline, finalize_pipeline, fuse_family, run_passes
+from .patterns import RewriteRules
 from .patterns.matcher import MatchFailure
 from .patterns.rewrite import try_rewrite
 from .quant.smooth_rules import SEES_GRAPH_AFTER, smooth_candidates
@@ -164,7 +168,15 @@ def explain_program(program) -> ExplainResult:
 
     if SEES_GRAPH_AFTER in pipeline.names():
         pipeline.insert_after(SEES_GRAPH_AFTER, smooth_quant_candidates)
+    for p in pipeline:  # the rule passes no family owns (rewrite_indexing, fold_views) keep their near misses
+        if isinstance(p, RewriteRules):
+            p.record_failures = True
     run_passes(program, pipeline)
+    family_patterns = {id(r.pattern) for _, fuse in fuses for r in fuse.rules}
+    for f in program.fusion_log.near_misses:  # a named check refused a rewrite's candidate
+        if id(f.pattern) not in family_patterns and f.check is not None:
+            result.entries.append(NearMiss(f"rewrite {f.pattern.name}", describe_short(f.root), source_line(f.root),
+                                           f.pattern.name, f.reason, check=f.check))
     graph = program.gm.graph
     # candidates are looked for where the fusions left the graph: finalize_pipeline then
     # decomposes what they may match (erf, deferred past them as an approximation)

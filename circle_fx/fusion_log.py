@@ -1,7 +1,7 @@
 """The one store of what fusion did to a :class:`~circle_fx.program.Program`.
 
 Applied fusions and near misses used to live in two places (the GraphModule's meta and
-``program.notes``), copied again into the export report. Now the fuse passes and the
+an untyped notes dict), copied again into the export report. Now the fuse passes and the
 decompose step write here, and the summary, the CLI and ``explain`` read from here.
 It holds no graph: records name nodes by string, so a report built from it does not keep
 the FX graph alive (near misses do reference nodes; they are only kept when ``explain``

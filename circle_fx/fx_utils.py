@@ -53,6 +53,11 @@ def shape_of(node: Any) -> tuple | None:
     return tuple(v.shape) if isinstance(v, torch.Tensor) else None
 
 
+def same_size(a, b) -> bool:
+    """Two sizes (ints or SymInts) are the same expression."""
+    return (a.node.expr if isinstance(a, torch.SymInt) else a) == (b.node.expr if isinstance(b, torch.SymInt) else b)
+
+
 def static_shape(node: Any) -> tuple[int, ...] | None:
     """Shape as plain ints, or ``None`` when any dim is symbolic."""
     s = shape_of(node)

@@ -2,8 +2,8 @@
 
 torch computes convolutions and pools on NCHW tensors; Circle's CONV_2D, DEPTHWISE_CONV_2D,
 MAX_POOL_2D and AVERAGE_POOL_2D read and write NHWC. The decompositions
-(:mod:`circle_fx.passes.decompositions_nhwc`) rewrite each torch op into
-``permute(op_nhwc(permute(x)))``; the layout pass (:mod:`circle_fx.passes.nhwc`) then moves the
+(:mod:`circle_fx.layout.decompositions`) rewrite each torch op into
+``permute(op_nhwc(permute(x)))``; the layout pass (:mod:`circle_fx.layout.propagate`) then moves the
 permutes through elementwise ops so that neighbouring pairs cancel and a whole CNN runs in NHWC.
 
 Arguments keep torch's meaning, except that ``x`` and the result are NHWC and ``padding`` is

@@ -9,11 +9,13 @@ and the graph stays directly runnable in eager (``program.run``) for numerical c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx as fx
 
 from .fusion_log import FusionLog
+from .meta import CONST_COUNTER
 
 
 @dataclass
@@ -21,8 +23,17 @@ class Program:
     gm: fx.GraphModule
     input_names: list[str]
     output_names: list[str]
-    #: Free-form records passes may keep (not read by circle_fx itself).
-    notes: dict = field(default_factory=dict)
+    #: What capture changed to export the model (transformers implementations switched,
+    #: float32 casts): one line each, printed by ``summary()`` (:mod:`circle_fx.capture`)
+    implementations: list[str] = field(default_factory=list)
+    #: The static quantization's notes (what stays float, and why): :mod:`circle_fx.quant.qdq`
+    qdq_notes: list[str] = field(default_factory=list)
+    #: The weight-only quantization's :class:`~circle_fx.quant.weight_only.QuantizationRecord`
+    #: (None: no weight quantized), kept in the export report
+    quantization: Any = None
+    #: Run-time limits stored in the file (``circle_fx.limits`` metadata, :mod:`circle_fx.emit.index_limits`):
+    #: export_llm's dynamic dims' maxima; None: none but those the emitter finds
+    limits: dict | None = None
     #: The one store of applied fusions and near misses (summary, CLI, explain read it).
     fusion_log: FusionLog = field(default_factory=FusionLog)
 
@@ -72,7 +83,7 @@ def add_constant(gm: fx.GraphModule, tensor: torch.Tensor, hint: str) -> str:
     base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "const"
     if base[0].isdigit():
         base = "_" + base
-    counter = gm.meta.setdefault("circle_fx.const_counter", {})
+    counter = gm.meta.setdefault(CONST_COUNTER, {})
     name = base
     while hasattr(gm, name):
         counter[base] = counter.get(base, 0) + 1

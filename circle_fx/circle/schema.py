@@ -110,7 +110,7 @@ class QuantParams:
     """Affine quantization of a tensor: ``real = scale * (q - zero_point)``.
 
     One scale/zero point per tensor, or one per slice along ``axis`` (Circle's
-    ``quantizedDimension``). Carried from FX ``node.meta["circle_fx.quant"]`` through the
+    ``quantizedDimension``). Carried from FX ``node.meta[QUANT_META]`` through the
     builder to the flatbuffer, and read back by the reader.
     """
 

@@ -134,5 +134,5 @@ def emit(program: Program, progress=None, clamp_indices: bool = True) -> ModelBu
             mb._names.discard(tensor.name)
             tensor.name = name
             mb._names.add(name)
-    attach_limits(mb, program.notes.get("limits"))
+    attach_limits(mb, program.limits)
     return mb

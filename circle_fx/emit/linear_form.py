@@ -15,9 +15,9 @@ The numbers behind the constants are in ``docs/onert-findings.md`` ("Linear form
 Dynamic row counts keep FULLY_CONNECTED: it is correct for any row count, and the case
 that varies at run time (decoding one token) is exactly the one CONV_2D loses.
 
-A node may force its form with ``node.meta["circle_fx.linear_form"]`` (one of :data:`FORMS`),
+A node may force its form with ``node.meta[LINEAR_FORM]`` (:mod:`circle_fx.meta`) (one of :data:`FORMS`),
 which tests and ``benchmarks/onert_speed.py`` use. A linear whose weight is quantized
-(``node.meta["circle_fx.quant"]``) keeps FULLY_CONNECTED. Its per-row-count choice is the
+(``node.meta[QUANT_META]``) keeps FULLY_CONNECTED. Its per-row-count choice is the
 weight's *encoding*, made by the quantize pass (``QuantConfig.blocks_from_rows``: int8 rows at
 few rows, Q8_0 blocks from 16 rows): ``benchmarks/onert_prefill_forms.py`` measured every form
 onert runs for a quantized weight (hybrid int8 FC, ggml Q8_0/Q4_0 FC, DEQUANTIZE -> FC,

@@ -34,7 +34,7 @@ from .. import api
 from ..errors import CaptureError, CircleFxError, InputError, ModelError, UnsupportedDtypeError
 from ..passes import default_pipeline
 from ..meta import CONSTANT_NAMES
-from ..quant.config import resolve_quantize
+from ..quant.plan import quant_plan
 from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
 from .package import LLMPackage
@@ -144,7 +144,7 @@ def _capture(module, args, input_names, pipeline, quantize=None, limits=None, we
     # ``QuantConfig.skip``/``overrides`` patterns and messages read ``model.layers.0...``, not ``model.model...``
     names = program.gm.meta.get(CONSTANT_NAMES, {})
     names.update({k: v[len("model."):] for k, v in names.items() if v.startswith("model.")})
-    program.notes["limits"] = limits  # stored in the file (circle_fx.limits metadata)
+    program.limits = limits  # stored in the file (circle_fx.limits metadata)
     return api.lower(program, passes=pipeline, quantize=quantize, weight_cache=weight_cache)
 
 
@@ -281,7 +281,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     """
     if DecodeStep is None:
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
-    quantize = resolve_quantize(quantize)  # a bad value fails before the (slow) captures
+    plan = quant_plan(quantize)  # a bad value fails before the (slow) captures
     with model_errors(model):
         spec = model_spec(model, max_seq_len, prefill_len)
     text, assets = text_assets(default_tokenizer(model) if isinstance(tokenizer, str) and tokenizer == "auto" else tokenizer, model)
@@ -291,18 +291,18 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         decode = prefill = None
         if not spec.recompute:
             try:
-                decode, prefill = _export_cached(model, spec, rope_op, quantize)
+                decode, prefill = _export_cached(model, spec, rope_op, plan)
             except (ModelError, CaptureError) as e:  # transformers' or the model's own code refused our cache
                 spec.recompute = f"its cached decode step fails: {(str(e).splitlines() or [''])[0]}"
         if spec.recompute:
             warnings.warn(f"export_llm: the decode model recomputes the whole max_seq_len window each step: "
                           f"{spec.recompute}", stacklevel=2)
             with model_errors(model):
-                decode, prefill = _export_recompute(model, spec, rope_op, quantize)
+                decode, prefill = _export_recompute(model, spec, rope_op, plan)
     finally:
         model.train(training)
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
-    manifest["weights"] = mf.weights_entry(quantize, decode, prefill)
+    manifest["weights"] = mf.weights_entry(plan.weights, decode, prefill)
     manifest["text"] = text
     return LLMPackage(manifest, decode=decode, prefill=prefill, assets=assets)
 

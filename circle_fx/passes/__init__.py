@@ -1,27 +1,30 @@
 """Pass infrastructure and the built-in passes.
 
-The default pipeline is ``decompose -> canonicalize -> fold_constants -> dce -> fuse_<family>... ->
-merge_linears -> fold_views -> dce``: one fuse pass per registered fusion family
+The default pipeline is ``decompose_composites -> rewrite_indexing -> complex_to_real -> decompose ->
+canonicalize -> fold_constants -> dce -> fuse_<family>... -> merge_linears -> layout_nhwc -> fold_views -> dce
+-> nhwc_pads -> dce``: one fuse pass per registered fusion family
 (:mod:`circle_fx.fusions`), named ``fuse_<name>`` (``fuse_rms_norm`` for the built-in RMSNorm
 family), in registration order; then sibling linears merged and reshape/transpose chains folded.
 Users pass their own list to ``circle_fx.export(..., passes=[...])``, or edit a copy of
 the default (:func:`default_pipeline` returns a fresh, editable :class:`Pipeline`).
-After the user pipeline, :func:`finalize_pipeline` always runs (decompose + folding + DCE), because
-the emitter relies on constant-only subgraphs being gone.
+After the user pipeline, :func:`finalize_pipeline` always runs (the decompose passes + folding + DCE, then
+the ``index_facts`` analysis the GATHER lowering reads), because the emitter relies on constant-only
+subgraphs being gone.
 """
 from __future__ import annotations
 
 from ..fusions import families, get_family
-from .base import Pass, PassLike, pass_name
+from ..pass_protocol import Pass, PassLike, pass_name
 from .canonicalize import Canonicalize
 from .dce import DeadCodeElimination
-from .decompose import DecomposeComposites
+from .decompose import ComplexToReal, DecomposeComposites, DecomposeUnlowered, decompose_passes, rewrite_indexing
 from .fold_constants import FoldConstants
 from .fuse import FusePatterns, FusionRecord
-from .fold_views import FoldViews
+from .index_facts import AnalyzeIndexing
+from ..layout.fold_views import FoldViews
 from .manager import Pipeline, run_passes
 from .merge_linears import MergeLinears
-from .nhwc import NHWCPadsIntoConvs, PropagateNHWC
+from ..layout.propagate import NHWCPadsIntoConvs, PropagateNHWC
 
 
 def fuse_family(family, record_failures: bool = False) -> FusePatterns:
@@ -41,7 +44,7 @@ def fuse_passes(record_failures: bool = False) -> list[FusePatterns]:
 
 def default_pipeline() -> Pipeline:
     """A fresh copy of the default pass list; safe to edit."""
-    return Pipeline([DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(), *fuse_passes(),
+    return Pipeline([*decompose_passes(), Canonicalize(), FoldConstants(), DeadCodeElimination(), *fuse_passes(),
                      MergeLinears(), PropagateNHWC(), FoldViews(), DeadCodeElimination(), NHWCPadsIntoConvs(),
                      DeadCodeElimination()])
 
@@ -49,10 +52,13 @@ def default_pipeline() -> Pipeline:
 def finalize_pipeline() -> Pipeline:
     # decompose too: the emitter has no lowering for composites such as aten.rms_norm, and
     # the approximate decompositions the default pipeline deferred past the fusions happen here
-    return Pipeline([DecomposeComposites(defer=()), Canonicalize(), FoldConstants(), DeadCodeElimination()])
+    # last: the analyses the lowerings read, on the graph they lower
+    return Pipeline([*decompose_passes(defer=()), Canonicalize(), FoldConstants(), DeadCodeElimination(),
+                     AnalyzeIndexing()])
 
 
-__all__ = ["Pass", "PassLike", "pass_name", "Canonicalize", "DeadCodeElimination", "DecomposeComposites", "FoldConstants",
-           "FusePatterns", "FusionRecord", "MergeLinears", "PropagateNHWC", "NHWCPadsIntoConvs", "FoldViews", "Pipeline", "run_passes", "fuse_family",
+__all__ = ["Pass", "PassLike", "pass_name", "Canonicalize", "DeadCodeElimination", "DecomposeComposites", "ComplexToReal",
+           "DecomposeUnlowered", "decompose_passes", "rewrite_indexing", "FoldConstants",
+           "FusePatterns", "FusionRecord", "AnalyzeIndexing", "MergeLinears", "PropagateNHWC", "NHWCPadsIntoConvs", "FoldViews", "Pipeline", "run_passes", "fuse_family",
            "fuse_passes", "fuse_rms_norm",
            "default_pipeline", "finalize_pipeline"]

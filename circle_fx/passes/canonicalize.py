@@ -18,7 +18,7 @@ import torch.fx as fx
 from ..fx_utils import (CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_float, is_noop, keep_if_like, look_through,
                        make_node, number, scaled_operand, shape_of)
 from ..fusions.registry import canonical_rules
-from .base import Pass
+from ..pass_protocol import Pass
 
 aten = torch.ops.aten
 Rule = Callable[[fx.Node, fx.Graph], Optional[fx.Node]]

@@ -9,7 +9,7 @@ one pass over the attributes: O(nodes + constants).
 from __future__ import annotations
 
 from ..fx_utils import SIDE_EFFECT_ONLY
-from .base import Pass
+from ..pass_protocol import Pass
 
 
 class DeadCodeElimination(Pass):

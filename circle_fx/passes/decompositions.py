@@ -27,8 +27,8 @@ import math
 import torch
 
 from ..circle.dims import around
-from .decompositions_nhwc import DECOMPOSITIONS as NHWC_DECOMPOSITIONS
-from .decompositions_nhwc import _pair
+from ..layout.decompositions import DECOMPOSITIONS as NHWC_DECOMPOSITIONS
+from ..layout.decompositions import _pair
 
 aten = torch.ops.aten
 

@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import dtype_of, make_node, static_shape
+from ..patterns import Match, Rewrite, op_pattern
 
 aten = torch.ops.aten
 
@@ -32,15 +33,34 @@ def _wrapped(g: fx.Graph, i: fx.Node, size: int, like: fx.Node) -> fx.Node:
     return make_node(g, aten.add.Tensor, (i, offset), like=like)
 
 
-def flat_index(n: fx.Node, g: fx.Graph) -> fx.Node | None:
-    """Rewrite rule for ``aten.index.Tensor``; ``None`` leaves single-index (or boolean) cases alone."""
+def _given(n: fx.Node) -> list[int]:
+    return [d for d, i in enumerate(n.args[1]) if i is not None]
+
+
+def several_index_tensors(m: Match) -> str | None:
+    """The rule's form: index tensors at two dims or more (one is a GATHER as it is)."""
+    return None if len(_given(m.root)) >= 2 else "one index tensor: a GATHER as it is"
+
+
+def static_source(m: Match) -> str | None:
+    if static_shape(m.root.args[0]) is None:
+        return f"%{m.root.args[0].name}'s shape is symbolic, so its dims cannot be merged into one"
+    return None
+
+
+def integer_indices(m: Match) -> str | None:
+    indices = m.root.args[1]
+    if any(dtype_of(indices[d]) in (None, torch.bool, torch.uint8) for d in _given(m.root)):
+        return "a boolean mask selects a data-dependent number of elements"
+    return None
+
+
+def flat_index(m: Match, g: fx.Graph) -> fx.Node:
+    """The replacement: a reshape merging the indexed dims and one flat index tensor."""
+    n = m.root
     x, indices = n.args[0], list(n.args[1])
-    given = [d for d, i in enumerate(indices) if i is not None]
+    given = _given(n)
     shape = static_shape(x)
-    if len(given) < 2 or shape is None:
-        return None
-    if any(dtype_of(indices[d]) in (None, torch.bool, torch.uint8) for d in given):
-        return None  # boolean masks select a data-dependent number of elements
     k = len(given)
     if given == list(range(given[0], given[0] + k)):
         first, src, dims = given[0], x, list(shape)
@@ -58,3 +78,7 @@ def flat_index(n: fx.Node, g: fx.Graph) -> fx.Node | None:
     merged = dims[:first] + [math.prod(sizes)] + dims[first + k:]
     src = make_node(g, aten.reshape.default, (src, merged), like=n)
     return make_node(g, aten.index.Tensor, (src, [None] * first + [flat]), like=n)
+
+
+FLAT_INDEX = Rewrite("flat_index", op_pattern(aten.index.Tensor, "flat_index"), flat_index,
+                     (several_index_tensors, static_source, integer_indices), "one GATHER")

@@ -27,7 +27,7 @@ from torch.fx.node import map_arg
 from ..fx_utils import IDENTITY_OPS, MOVEMENT_OPS
 from ..meta import CONSTANT_NAMES, DEQUANTIZED_FROM
 from ..program import add_constant, fetch_attr
-from .base import Pass
+from ..pass_protocol import Pass
 
 #: results above this many elements must not be larger than their largest input
 _GROWTH_LIMIT = 1 << 20

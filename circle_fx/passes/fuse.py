@@ -16,7 +16,7 @@ from collections import defaultdict
 from ..fusion_log import FusionRecord  # noqa: F401  (re-exported: circle_fx.passes.FusionRecord)
 from ..patterns.rewrite import Rewrite, apply, try_rewrite
 from ..source import source_line
-from .base import Pass
+from ..pass_protocol import Pass
 
 
 class FusePatterns(Pass):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..fx_utils import arguments, erase_unused, look_through, make_node, shape_of
-from .base import Pass
+from ..pass_protocol import Pass
 
 aten = torch.ops.aten
 _RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from ..errors import CircleFxError, PassError
 from ..program import Program
-from .base import pass_name
+from ..pass_protocol import pass_name
 from .validate import check_meta, is_builtin_pass
 
 

@@ -23,7 +23,9 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node, static_shape, val
-from .nhwc import ELEMENTWISE
+from ..patterns import Match, Rewrite, op_pattern
+from ..source import op_name
+from ..layout.propagate import ELEMENTWISE
 
 aten = torch.ops.aten
 
@@ -74,24 +76,28 @@ def _weight(a) -> bool:
     return a is None or (isinstance(a, fx.Node) and static_shape(a) is not None)
 
 
-def masked_rows(n: fx.Node, g: fx.Graph) -> fx.Node | None:
-    """Rewrite rule for ``aten.index_put``; None leaves the node alone (see the module doc)."""
-    base, indices, values = n.args[0], n.args[1], n.args[2]
-    accumulate = bool(n.args[3]) if len(n.args) > 3 else bool(n.kwargs.get("accumulate", False))
-    found = _mask_of(indices)
-    if found is None or not isinstance(values, fx.Node) or static_shape(values) is not None:
-        return None
-    p, mask = found
-    # the chain from the ``src[mask]`` reads to ``values``: every node of run-time row count
+def masked_write(m: Match) -> str | None:
+    """The rule's form: a write through one static boolean mask of values whose row count is
+    known only at run time (a mask whose values broadcast is ``decompositions.index_put``'s)."""
+    values = m.root.args[2]
+    if _mask_of(m.root.args[1]) is None or not isinstance(values, fx.Node) or static_shape(values) is not None:
+        return "not a write of rows selected by a boolean mask"
+    return None
+
+
+def _chain(n: fx.Node):
+    """The nodes from the ``src[mask]`` reads to ``n``'s values (every node of run-time row
+    count) and the reads' sources, or the node that breaks the chain."""
+    p, mask = _mask_of(n.args[1])
     rows: set[fx.Node] = set()
     sources: dict[fx.Node, fx.Node] = {}
-    stack = [values]
+    stack = [n.args[2]]
     while stack:
         v = stack.pop()
         if v in rows:
             continue
         if v.op != "call_function" or static_shape(v) is not None:
-            return None
+            return v
         rows.add(v)
         if (v.target is aten.index.Tensor and _mask_of(v.args[1]) == (p, mask)
                 and static_shape(v.args[0]) is not None):
@@ -100,11 +106,38 @@ def masked_rows(n: fx.Node, g: fx.Graph) -> fx.Node | None:
         for a in v.all_input_nodes:
             if static_shape(a) is None:  # of the run-time row count too: a node of the chain
                 if a.op != "call_function":
-                    return None
+                    return a
                 stack.append(a)
+    return rows, sources
+
+
+def read_through_the_same_mask(m: Match) -> str | None:
+    """The values are computed from rows read through the same mask (``src[mask]``)."""
+    found = _chain(m.root)
+    if isinstance(found, fx.Node):
+        return f"%{found.name}'s row count is known only at run time, but it is no read through the same mask"
+    return None if found[1] else "no value is read through the same mask"
+
+
+def row_wise(m: Match) -> str | None:
+    """Every op between the reads and the write computes each row from that row alone."""
+    rows, sources = _chain(m.root)
+    p = _mask_of(m.root.args[1])[0]
+    for v in m.root.graph.nodes:
+        if v in rows and v not in sources and not _row_wise(v, rows, p):
+            return f"%{v.name} ({op_name(v.target)}) mixes rows, or its other operands vary per row"
+    return None
+
+
+def masked_rows(m: Match, g: fx.Graph) -> fx.Node | None:
+    """The replacement (see the module doc); None when the rebuilt rows do not have the
+    written tensor's shape."""
+    n = m.root
+    base, indices, values = n.args[0], n.args[1], n.args[2]
+    accumulate = bool(n.args[3]) if len(n.args) > 3 else bool(n.kwargs.get("accumulate", False))
+    p, mask = _mask_of(indices)
+    rows, sources = _chain(n)
     order = [v for v in g.nodes if v in rows and v not in sources]
-    if not sources or not all(_row_wise(v, rows, p) for v in order):
-        return None
     # the same computation on every row (the sources themselves instead of their selections)
     env = dict(sources)
     for v in order:
@@ -117,9 +150,13 @@ def masked_rows(n: fx.Node, g: fx.Graph) -> fx.Node | None:
     shape = list(val(base).shape)
     if list(val(full).shape) != shape:
         return None
-    m = val(mask)
-    keep = make_node(g, aten.reshape.default, (mask, [1] * p + list(m.shape) + [1] * (len(shape) - p - m.dim())),
-                     like=n)
+    m_val = val(mask)
+    keep = make_node(g, aten.reshape.default,
+                     (mask, [1] * p + list(m_val.shape) + [1] * (len(shape) - p - m_val.dim())), like=n)
     if accumulate:
         full = make_node(g, aten.add.Tensor, (base, full), like=n)
     return make_node(g, aten.where.self, (keep, full, base), like=n)
+
+
+MASKED_ROWS = Rewrite("masked_rows", op_pattern(aten.index_put.default, "masked_rows"), masked_rows,
+                      (masked_write, read_through_the_same_mask, row_wise), "a select over every row")

@@ -16,7 +16,7 @@ the output dim, at compile time), before the emitter chooses the op form or quan
   weight gives exactly the concatenation of the members' per-channel scales, so the int8
   path sees the same numbers as without merging;
 - when a quantization pass ran first and attached :class:`QuantParams` to the weights
-  (``node.meta["circle_fx.quant"]``), per-output-channel parameters (axis 0) are concatenated
+  (``node.meta[QUANT_META]``), per-output-channel parameters (axis 0) are concatenated
   in member order, which is exactly what the merged weight's rows need; per-tensor
   parameters merge only when equal (a shared scale); anything else is left unmerged;
 - any other metadata on the weights or linears (markers of other passes in ``node.meta``)
@@ -37,10 +37,10 @@ import torch
 import torch.fx as fx
 
 from ..circle.schema import QuantParams
-from ..meta import QUANT_META
+from ..meta import CONSTANT_NAMES, QUANT_META
 from ..fx_utils import arguments, dtype_of, fake_constant, make_node, static_shape
 from ..program import StackedTensor, add_constant, fetch_attr
-from .base import Pass
+from ..pass_protocol import Pass
 
 aten = torch.ops.aten
 
@@ -161,7 +161,7 @@ def _constant(g: fx.Graph, gm: fx.GraphModule, tensor: torch.Tensor, hint: str, 
     if not isinstance(tensor, StackedTensor):
         tensor = tensor.contiguous()
     node = g.get_attr(add_constant(gm, tensor, hint))
-    names = gm.meta.setdefault("circle_fx.constant_names", {})  # provenance, for messages and skip lists
+    names = gm.meta.setdefault(CONSTANT_NAMES, {})  # provenance, for messages and skip lists
     names[node.target] = "+".join(names.get(p.target, p.target) for p in parts)
     node.meta.update({k: v for k, v in markers(parts[0]).items() if k != QUANT_META})
     quant = _merged_quant(parts)

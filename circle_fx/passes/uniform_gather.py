@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node, static_shape, val
+from ..patterns import Match, Rewrite, op_pattern
 from ..program import fetch_attr
 
 aten = torch.ops.aten
@@ -52,15 +53,28 @@ def _value(n, depth: int = 0):
         return n.target(*args, **kwargs)
 
 
-def uniform_gather(n: fx.Node, g: fx.Graph) -> fx.Node | None:
-    """Rewrite rule for ``aten.gather``: None leaves the node alone."""
-    shape = static_shape(n)
-    if shape is None:
+def _uniform_value(n: fx.Node):
+    """The one value every element of the gather's (static, input-free, small) source holds, or None."""
+    if static_shape(n) is None:
         return None
     src = _value(n.args[0])
     if not isinstance(src, torch.Tensor) or src.numel() == 0:
         return None
     first = src.reshape(-1)[0]
-    if not bool((src == first).all()):
-        return None
-    return make_node(g, aten.full.default, (list(shape), first.item()), {"dtype": val(n).dtype}, like=n)
+    return first if bool((src == first).all()) else None
+
+
+def uniform_constant_source(m: Match) -> str | None:
+    """The rule's form (its only check: any other gather is no near miss of it)."""
+    return None if _uniform_value(m.root) is not None else "the source is not a small constant of one value"
+
+
+def uniform_gather(m: Match, g: fx.Graph) -> fx.Node:
+    """The replacement: ``full`` of that value in the gather's shape (constant folding makes it a constant)."""
+    n = m.root
+    first = _uniform_value(n)
+    return make_node(g, aten.full.default, (list(static_shape(n)), first.item()), {"dtype": val(n).dtype}, like=n)
+
+
+UNIFORM_GATHER = Rewrite("uniform_gather", op_pattern(aten.gather.default, "uniform_gather"), uniform_gather,
+                         (uniform_constant_source,), "a constant")

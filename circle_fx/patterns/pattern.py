@@ -38,10 +38,10 @@ def moved(x):
 class Pattern:
     """A traced pattern function: ``graph``, its wildcard names, and its root node."""
 
-    def __init__(self, fn: Callable, name: str | None = None):
+    def __init__(self, fn: Callable, name: str | None = None, graph: fx.Graph | None = None):
         self.fn = fn
         self.name = name or fn.__name__
-        self.graph = fx.symbolic_trace(fn).graph
+        self.graph = fx.symbolic_trace(fn).graph if graph is None else graph
         self.params = [n.target for n in self.graph.nodes if n.op == "placeholder"]
         root = self.graph.output_node().args[0]
         if not isinstance(root, fx.Node) or root.op != "call_function":
@@ -51,6 +51,23 @@ class Pattern:
 
     def __repr__(self) -> str:
         return f"<Pattern {self.name}: {self.size} ops rooted at {self.root.target}>"
+
+
+def op_pattern(target, name: str | None = None) -> Pattern:
+    """A one-op pattern: ``target`` with every schema argument a wildcard (named as in the
+    schema). For rules whose conditions are all about the node and its neighbourhood (an
+    index list, a chain of row-wise ops), which a traced function cannot spell; the rule's
+    named checks say the rest."""
+    g = fx.Graph()
+    args = tuple(g.placeholder(a.name) for a in target._schema.arguments)
+    root = g.call_function(target, args)
+    g.output(root)
+
+    def one_op(*xs):  # the function the pattern stands for
+        return target(*xs)
+
+    one_op.__name__ = name or str(target)
+    return Pattern(one_op, name, graph=g)
 
 
 def pattern(fn: Callable) -> Pattern:

@@ -319,7 +319,7 @@ def rms_norm_units(model: fx.GraphModule) -> list[RmsUnit]:
     and weight through the node copies, its output through the users of the fused node.
     """
     from ..fusions import get_family
-    from ..passes import Canonicalize, DeadCodeElimination, DecomposeComposites, FoldConstants, FusePatterns
+    from ..passes import Canonicalize, DeadCodeElimination, FoldConstants, decompose_passes, FusePatterns
 
     graph = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
@@ -329,7 +329,7 @@ def rms_norm_units(model: fx.GraphModule) -> list[RmsUnit]:
     originals[graph.output_node()] = model.graph.output_node()
     constant = _constant_nodes(model.graph)
     program = Program(fx.GraphModule(model, graph), [], [])
-    for p in (DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(),
+    for p in (*decompose_passes(), Canonicalize(), FoldConstants(), DeadCodeElimination(),
               FusePatterns(get_family("rms_norm").rules)):
         p(program)
     units = []

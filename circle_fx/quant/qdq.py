@@ -27,7 +27,7 @@ correctly); RMS_NORM stays a float island (onert has no integer RMS_NORM). ``"np
 fuses RMS_NORM into one quantized op (uint8 or int8 input, gamma and output; an unweighted
 norm gets a gamma of ones), for NPU compilers; no public runtime runs that file. Every
 RMSNorm the npu target leaves float (and every mean of squares that did not fuse into one)
-is noted, with why, in ``program.notes[NOTES_KEY]``, which ``summary()`` prints; so is, on
+is noted, with why, in ``program.qdq_notes``, which ``summary()`` prints; so is, on
 either target, every convolution the quantizer quantized that stays a float island (integer
 convolutions are lowered for uint8 x uint8 per tensor only: the npu target's int16 ones stay float).
 """
@@ -45,8 +45,8 @@ from ..source import source_line
 from ..meta import DEQUANTIZED_FROM, QUANT_META
 from ..fusions.rms_norm import reduces_a_square, rms_norm
 from ..program import add_constant, fetch_attr
-from ..passes.base import Pass
-from ..passes.fold_views import VIEW_OPS
+from ..pass_protocol import Pass
+from ..layout.fold_views import VIEW_OPS
 from . import qops
 
 aten = torch.ops.aten
@@ -411,10 +411,6 @@ def _int_constant(program, before: fx.Node, ints: torch.Tensor, s: float, zp: in
 
 # ------------------------------------------------------- norms the npu target leaves float
 
-#: ``program.notes`` key: what the export report says about the static quantization
-NOTES_KEY = "static_quantization"
-
-
 def _rms_refusal(x, w, dtype, xq, wq) -> str:
     if xq is None:
         if is_dq(x):
@@ -432,7 +428,7 @@ def _rms_refusal(x, w, dtype, xq, wq) -> str:
 
 
 def report_float_norms(program, refused: dict) -> None:
-    """Note in ``program.notes`` every RMSNorm the ``npu`` target leaves float (with why), and
+    """Note in ``program.qdq_notes`` every RMSNorm the ``npu`` target leaves float (with why), and
     every mean of squares that did not fuse into one, so ``summary()`` says where the file is
     not what an NPU with an integer RMS_NORM wants."""
     groups: dict[str, list[str]] = {}
@@ -453,7 +449,7 @@ def report_float_norms(program, refused: dict) -> None:
         else:
             continue
         groups.setdefault(head, []).append(source_line(n))
-    notes = program.notes.setdefault(NOTES_KEY, [])
+    notes = program.qdq_notes
     for head, where in groups.items():
         notes.append(f"quant_target='npu': {len(where)} {head}; at {', '.join(dict.fromkeys(where))}")
 
@@ -485,7 +481,7 @@ def _conv_refusal(conv: fx.Node) -> str | None:
 
 
 def report_float_convs(program, target: str) -> None:
-    """Note in ``program.notes`` every convolution the quantizer quantized (a dequantized input or
+    """Note in ``program.qdq_notes`` every convolution the quantizer quantized (a dequantized input or
     weight) that ``QDQLower`` left float, with why: the file then has a float CONV_2D between
     DEQUANTIZE and QUANTIZE where the quantizer asked for an integer one."""
     groups: dict[str, list[str]] = {}
@@ -493,7 +489,7 @@ def report_float_convs(program, target: str) -> None:
         why = _conv_refusal(n) if n.op == "call_function" and n.target is conv2d_nhwc else None
         if why is not None:
             groups.setdefault(why, []).append(source_line(n))
-    notes = program.notes.setdefault(NOTES_KEY, [])
+    notes = program.qdq_notes
     for why, where in groups.items():
         notes.append(f"quant_target={target!r}: {len(where)} convolution(s) stay float32 between DEQUANTIZE "
                      f"and QUANTIZE: {why}; at {', '.join(dict.fromkeys(where))}")

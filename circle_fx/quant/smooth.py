@@ -47,10 +47,10 @@ def fuse_rms_norms(gm: fx.GraphModule) -> Program:
     """Fuse ``gm``'s RMSNorms in place (decompose, canonicalize, fold constants, DCE, the
     RMSNorm family: what the float exporter does first), leaving every other op as it is."""
     from ..fusions import get_family
-    from ..passes import Canonicalize, DeadCodeElimination, DecomposeComposites, FoldConstants, FusePatterns
+    from ..passes import Canonicalize, DeadCodeElimination, FoldConstants, decompose_passes, FusePatterns
 
     program = Program(gm, [], [])
-    for p in (DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination(),
+    for p in (*decompose_passes(), Canonicalize(), FoldConstants(), DeadCodeElimination(),
               FusePatterns(get_family("rms_norm").rules)):
         p(program)
     gm.recompile()

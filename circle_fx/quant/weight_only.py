@@ -52,7 +52,7 @@ from ..meta import CONSTANT_NAMES, QUANT_META
 from ..circle.schema import QuantParams
 from ..errors import InputError
 from ..fx_utils import arguments, fake_constant, make_node
-from ..passes.base import Pass
+from ..pass_protocol import Pass
 from ..program import StackedTensor, add_constant, row_chunks
 from .config import QuantConfig
 from ..circle import ggml
@@ -66,8 +66,6 @@ aten = torch.ops.aten
 
 #: the zero point of an embedding-only table stored as ``q + 128``
 UINT8_ZERO_POINT = 128
-#: ``program.notes`` key of the :class:`QuantizationRecord`
-NOTES_KEY = "quantization"
 
 _CHUNK_BYTES = 4 << 20
 
@@ -268,7 +266,7 @@ class QuantizeWeights(Pass):
             raise InputError(f"QuantConfig(skip=...): pattern(s) {unmatched} match no quantizable weight; "
                              "patterns are matched against parameter names such as 'lm_head.weight' "
                              "or module names such as 'model.layers.0.mlp.down_proj'")
-        program.notes[NOTES_KEY] = record
+        program.quantization = record
         return changed
 
     def _skipped(self, name, record, matched) -> bool:

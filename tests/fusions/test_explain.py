@@ -215,3 +215,31 @@ def test_no_entries_for_random_spellings_that_fuse(case):
     model, x = case.build()
     result = circle_fx.explain(model, (x,))
     assert len(result.fused) == 1 and result.entries == [], result.format()
+
+
+class _CumsumOfMaskedRows(torch.nn.Module):
+    """``out[m] = cumsum(x[m], 0)``: a running sum across the selected rows, so computing it
+    on every row would change the values; masked_rows' ``row_wise`` check refuses it."""
+
+    def forward(self, x):
+        m = x[:, 0] > 0
+        out = torch.zeros_like(x)
+        out[m] = torch.cumsum(x[m], 0)
+        return out
+
+
+def test_rewrite_rule_near_miss_is_explained():
+    """The rewrites no fusion family owns are pattern rules too: explain names the rule and
+    the check that refused it, and a plain single-tensor index is no near miss."""
+    result = circle_fx.explain(_CumsumOfMaskedRows(), (torch.randn(6, 4),))
+    entries = [e for e in result.entries if e.kind == "rewrite masked_rows"]
+    assert len(entries) == 1, result.format()
+    assert entries[0].check == "row_wise" and "cumsum" in entries[0].reason
+    assert "index_put" in entries[0].candidate
+    plain = circle_fx.explain(_Gathers(), (torch.randn(6, 4),))
+    assert not [e for e in plain.entries if e.kind.startswith("rewrite")], plain.format()
+
+
+class _Gathers(torch.nn.Module):
+    def forward(self, x):
+        return x[torch.tensor([0, 2])].sum(0) + torch.gather(x, 1, torch.zeros(6, 4, dtype=torch.long))

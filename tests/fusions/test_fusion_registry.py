@@ -131,7 +131,8 @@ def test_registered_family_gets_its_fuse_pass(gelu_family):
     names = circle_fx.default_pipeline().names()
     fuse = [f"fuse_{f.name}" for f in families()]
     assert fuse[-1] == "fuse_gelu_erf"
-    head = ["decompose", "canonicalize", "fold_constants", "dce"]
+    head = ["decompose_composites", "rewrite_indexing", "complex_to_real", "decompose", "canonicalize",
+            "fold_constants", "dce"]
     assert names[:len(head) + len(fuse) + 1] == [*head, *fuse, "merge_linears"]  # the layout passes follow
 
 

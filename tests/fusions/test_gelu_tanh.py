@@ -94,11 +94,11 @@ def test_formula_on_two_tensors_is_not_fused():
 
 def test_near_miss_names_the_refusing_check():
     from circle_fx.fusions.gelu_tanh import RULES
-    from circle_fx.passes import Canonicalize, DeadCodeElimination, DecomposeComposites, FoldConstants, run_passes
+    from circle_fx.passes import Canonicalize, DeadCodeElimination, FoldConstants, decompose_passes, run_passes
     from circle_fx.patterns.rewrite import try_rewrite
 
     p = circle_fx.capture(Gelu(c=0.05), (torch.randn(2, 4),))
-    run_passes(p, [DecomposeComposites(), Canonicalize(), FoldConstants(), DeadCodeElimination()])
+    run_passes(p, [*decompose_passes(), Canonicalize(), FoldConstants(), DeadCodeElimination()])
     root = [n for n in p.gm.graph.nodes if n.op == "call_function"][-1]
     failure = try_rewrite(next(r for r in RULES if r.name == "gelu_new"), root)
     assert not failure and failure.check == "_check_constants" and "0.044715" in str(failure.why)

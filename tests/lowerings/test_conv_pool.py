@@ -1,6 +1,6 @@
 """Convolutions and pools in their torch forms, each exported, run in onert and compared with eager.
 
-Each form exercises one decision of ``passes/decompositions_nhwc.py`` / ``emit/lowerings/conv.py``:
+Each form exercises one decision of ``layout/decompositions.py`` / ``emit/lowerings/conv.py``:
 SAME vs PAD + VALID, asymmetric padding (``padding="same"`` with an even kernel, ``ceil_mode``),
 depthwise with and without a channel multiplier, other group counts (SPLIT + CONCATENATION),
 dilation (a dilated max pool as strided taps), 1-D convolutions, transposed ones and max pools

@@ -1,4 +1,4 @@
-"""The layout pass's axis rules (``passes/nhwc_axes.py``): reductions, axis ops, ``cat``,
+"""The layout pass's axis rules (``layout/axes.py``): reductions, axis ops, ``cat``,
 reshapes and GroupNorm between convolutions stay channels-last, so each model keeps one
 TRANSPOSE at its input and one at its output. Every model runs in onert against eager.
 """

@@ -1,4 +1,4 @@
-"""The NHWC layout pass (``passes/nhwc.py``): a CNN keeps one TRANSPOSE at its input (the
+"""The NHWC layout pass (``layout/propagate.py``): a CNN keeps one TRANSPOSE at its input (the
 image to NHWC) and at most one at its output, and still matches eager in onert.
 
 Counts are of TRANSPOSE operators in the emitted file; each model is also run in onert.

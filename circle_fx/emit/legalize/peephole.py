@@ -15,16 +15,17 @@ last two dims feeding BATCH_MATMUL (``q @ k.transpose(-1, -2)``). Rules, all exa
 
 then operators whose outputs nobody reads (and that are no graph output) are dropped.
 ``protected`` tensors (graph inputs and outputs) are never bypassed. O(operators).
-``program.gm.meta["circle_fx.peephole"] = False`` turns it off (benchmarks/onert_speed.py's
+``program.gm.meta[circle_fx.meta.PEEPHOLE] = False`` turns it off (benchmarks/onert_speed.py's
 "today" form).
 """
 from __future__ import annotations
 
 from ...circle import limits
 from ...circle.ggml import block_type
+from ...meta import PEEPHOLE
 from ..builder import BO, ModelBuilder
 
-META_KEY = "circle_fx.peephole"
+META_KEY = PEEPHOLE  # the name benchmarks/onert_speed.py uses
 
 
 def _static(mb: ModelBuilder, t: int) -> list[int] | None:

@@ -16,33 +16,41 @@ that is the MoE router case, which then costs no extra ops; so does ``arange`` (
 non-negative constant), the positions a transformers mask function indexes with.
 Index tensors on dims along which the indexed tensor repeats (size 1, or expanded) are
 dropped first (``positions[batch_idx, kv_idx]`` in transformers' mask functions).
+Which values are positions, and which dims repeat, is dataflow over the graph: the
+``index_facts`` analysis pass (:mod:`circle_fx.passes.index_facts`) finds it and leaves it in
+``node.meta[INDEX_FACTS]``; this lowering only reads it.
 """
 from __future__ import annotations
-
-import operator
 
 import numpy as np
 import torch
 
-from ...fx_utils import look_through, val
+from ...fx_utils import same_size, val
+from ...meta import INDEX_FACTS, IndexFacts
 from ..registry import lowering
 from ..types import to_numpy
 from ._common import BO, options
 
 aten = torch.ops.aten
 
+#: what a program that skipped ``finalize_pipeline`` (whose last pass writes the facts) gets:
+#: nothing known, so every choice is the safe one
+_NO_FACTS = IndexFacts()
+
 
 @lowering(aten.index.Tensor)
 def index(ctx, node):
     x, indices = node.args[0], node.args[1]
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    facts = ctx.annotation(node, INDEX_FACTS, _NO_FACTS)
     src, dims, hint, grow = None, ctx.dims(x), ctx.shape_hint(x), None
     if len(given) > 1:
-        src, dims, hint, given, grow = _drop_repeated_indices(ctx, node, x, given)
+        src, dims, hint, given, grow = _drop_repeated_indices(ctx, node, x, given, facts.repeated_dims)
     if len(given) != 1:
         raise ctx.error(f"indexing with {len(given)} index tensors is not supported (only one; "
                         "onert has no GATHER_ND)")
     axis, idx = given[0]
+    axis_before = next(d for d, i in enumerate(indices) if i is idx)  # before any dims were dropped
     if ctx.dtype(idx) == torch.bool:
         raise ctx.error("boolean-mask indexing has a data-dependent shape and is not supported")
     # onert 0.1.0 GATHER: "unsupported input data type" for bool and int64 tables. bool goes
@@ -51,7 +59,7 @@ def index(ctx, node):
     table = _int32_table(ctx, x) if src is None else None
     if table is not None:
         src = ctx.const_tensor(table, "table32")
-    narrow = ctx.dtype(x) == torch.bool or (ctx.dtype(x) == torch.int64 and _counts_positions(x))
+    narrow = ctx.dtype(x) == torch.bool or (ctx.dtype(x) == torch.int64 and facts.table_counts_positions)
     src = ctx.tensor(x) if src is None else src
     work = torch.int32 if narrow or table is not None else ctx.dtype(node)
     if narrow:
@@ -62,7 +70,7 @@ def index(ctx, node):
     picked = out if work == ctx.dtype(node) and grow is None else ctx.like(node, "picked", work)
     if grow is not None:  # GATHER gives the kept index's shape; the dropped ones broadcast it
         picked = ctx.new_tensor(grow[0], work, "picked", grow[1])
-    ctx.op(BO.GATHER, [src, _index(ctx, x, dims, hint, axis, idx)], [picked],
+    ctx.op(BO.GATHER, [src, _index(ctx, x, dims, hint, axis, idx, axis_before in facts.never_negative)], [picked],
            options("GatherOptions", axis=axis, batchDims=0))
     if grow is not None:
         zeros_shape = [w if p == 1 else 1 for p, w in zip(grow[0], ctx.shape_hint(node))]
@@ -82,15 +90,11 @@ def _int32_table(ctx, x) -> torch.Tensor | None:
     return t.to(torch.int32)
 
 
-def _same(a, b) -> bool:
-    return (a.node.expr if isinstance(a, torch.SymInt) else a) == (b.node.expr if isinstance(b, torch.SymInt) else b)
-
-
-def _drop_repeated_indices(ctx, node, x, given):
+def _drop_repeated_indices(ctx, node, x, given, repeated):
     """Index tensors on dims along which every slice of ``x`` is the same select nothing:
-    slice 0 of that dim is as good (STRIDED_SLICE with shrink). Such dims are static
-    size-1 dims and dims that an ``expand`` repeated, followed through elementwise and
-    row-wise ops (:func:`_repeated_dims`). transformers' mask functions index
+    slice 0 of that dim is as good (STRIDED_SLICE with shrink). Such dims (``repeated``) are
+    static size-1 dims and dims that an ``expand`` repeated, followed through elementwise and
+    row-wise ops (the ``index_facts`` analysis, :mod:`circle_fx.passes.index_facts`). transformers' mask functions index
     ``positions[batch_idx, kv_idx]`` with ``positions = arange(S).expand(B, -1)`` (and a
     cumsum over it); dropping ``batch_idx`` leaves one index tensor (GATHER). The dropped
     indices' shapes still broadcast the result: ``grow`` is then the GATHER's own
@@ -100,7 +104,6 @@ def _drop_repeated_indices(ctx, node, x, given):
     (nothing emitted, ``given`` unchanged) when this does not apply."""
     unchanged = (None, ctx.dims(x), ctx.shape_hint(x), given, None)
     shape = list(val(x).shape)
-    repeated = _repeated_dims(x)
     drop = [d for d, i in given if d in repeated]
     keep = [(d, i) for d, i in given if d not in drop]
     if len(keep) != 1 or not drop:
@@ -115,8 +118,8 @@ def _drop_repeated_indices(ctx, node, x, given):
     if len(result) != len(want) or not (adjacent or new_axis == 0):
         return unchanged
     grow = None
-    if not all(_same(a, b) for a, b in zip(result, want)):
-        if not all(_same(a, b) or (_same(a, 1) and isinstance(b, int)) for a, b in zip(result, want)):
+    if not all(same_size(a, b) for a, b in zip(result, want)):
+        if not all(same_size(a, b) or (same_size(a, 1) and isinstance(b, int)) for a, b in zip(result, want)):
             return unchanged
         if ctx.dtype(node) == torch.bool:
             return unchanged
@@ -142,107 +145,10 @@ def _hint(size: torch.SymInt) -> int:
         return 1
 
 
-#: ops whose result is the same function of their (one) tensor input at every position
-_ELEMENTWISE = {aten.ne.Scalar, aten.eq.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar,
-                aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.add.Scalar, aten.sub.Scalar,
-                aten.mul.Scalar, aten.neg.default, aten._to_copy.default, aten.to.dtype, aten.clone.default,
-                aten.alias.default}
-
-
-def _repeated_dims(n) -> set:
-    """Dims of ``n`` along which all slices are equal: static size-1 dims, dims an ``expand``
-    repeated, carried through elementwise ops with scalars and along-one-dim ops
-    (slice, cumsum, diff, which may break equality only along their own dim)."""
-    v = val(n)
-    if not isinstance(v, torch.Tensor):
-        return set()
-    rank = v.dim()
-    ones = {d for d, s in enumerate(v.shape) if _same(s, 1)}
-    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
-        return ones
-    args = n.args
-    if n.target in (aten.expand.default, aten.expand_as.default, aten.broadcast_to.default):
-        src = val(args[0])
-        lead = rank - src.dim()
-        inner = _repeated_dims(args[0])
-        return ones | set(range(lead)) | {d + lead for d, s in enumerate(src.shape) if _same(s, 1)} \
-            | {d + lead for d in inner}
-    tensors = [a for a in args if isinstance(a, torch.fx.Node) and isinstance(val(a), torch.Tensor)]
-    if n.target in _ELEMENTWISE and len(tensors) == 1 and val(tensors[0]).dim() == rank:
-        return ones | _repeated_dims(tensors[0])
-    if n.target in (aten.cumsum.default, aten.slice.Tensor) and val(args[0]).dim() == rank:
-        return ones | (_repeated_dims(args[0]) - {args[1] % rank})
-    if n.target == aten.diff.default:
-        dim = (args[2] if len(args) > 2 else -1) % rank
-        parts = [a for a in args[3:] if isinstance(a, torch.fx.Node)] + [args[0]]
-        if all(val(p).dim() == rank for p in parts):
-            return ones | (set.intersection(*(_repeated_dims(p) for p in parts)) - {dim})
-    return ones
-
-
-#: ops whose (index) result is a position, never negative: (op, tuple element or None)
-_POSITIONS = {(aten.topk.default, 1), (aten.sort.default, 1), (aten.max.dim, 1), (aten.min.dim, 1),
-              (aten.argmax.default, None), (aten.argmin.default, None)}
-
-
-#: ops that move or repeat values without changing them (non-negativity carries through)
-_SAME_VALUES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
-                aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints, aten.transpose.int,
-                aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.select.int}
-
-
-#: positions counted up from a start: never negative when the start is not
-_ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
-
-
-def _source(idx):
-    """``idx`` with value-preserving moves (views, expands, slices) looked through."""
-    idx = look_through(idx)
-    while idx.op == "call_function" and idx.target in _SAME_VALUES:
-        idx = look_through(idx.args[0])
-    return idx
-
-
-def _first_position(idx) -> int | None:
-    """The first value when ``idx`` is ``arange(start, ...)`` (+ constants) moved around, else None.
-    Its values are then ``first .. first + size - 1``."""
-    idx = _source(idx)
-    if idx.op == "call_function" and idx.target in _ARANGE:
-        start = 0 if idx.target == aten.arange.default else idx.args[0]
-        step = idx.args[2] if idx.target == aten.arange.start_step else 1
-        return start if isinstance(start, int) and step == 1 else None
-    if idx.op == "call_function" and idx.target == aten.add.Tensor and isinstance(idx.args[1], int):
-        first = _first_position(idx.args[0])
-        return None if first is None else first + idx.args[1]
-    return None
-
-
-def _counts_positions(x) -> bool:
-    """``x`` holds positions or counts, so it fits int32: ``arange`` (+ constants) from a
-    small start (its length is a dim's size, bounded by the dim's max), or the ``cumsum``
-    of a bool tensor, moved around."""
-    first = _first_position(x)
-    if first is not None:
-        return abs(first) < 2**30
-    x = _source(x)
-    return (x.op == "call_function" and x.target == aten.cumsum.default
-            and val(x.args[0]).dtype == torch.bool)
-
-
-def _never_negative(idx) -> bool:
-    first = _first_position(idx)
-    if first is not None:
-        return first >= 0
-    idx = _source(idx)
-    if idx.op == "call_function" and idx.target is operator.getitem:
-        src, i = idx.args
-        return (getattr(src, "target", None), i) in _POSITIONS
-    return (getattr(idx, "target", None), None) in _POSITIONS
-
-
-def _index(ctx, x, dims, hint, axis, idx):
+def _index(ctx, x, dims, hint, axis, idx, never_negative: bool):
     """The index tensor with negative entries wrapped (see the module docstring); ``dims`` and
-    ``hint`` are those of the indexed tensor (``x`` itself, or ``x`` with repeated dims dropped)."""
+    ``hint`` are those of the indexed tensor (``x`` itself, or ``x`` with repeated dims dropped);
+    ``never_negative``: the analysis found its values are positions."""
     size = hint[axis]
     dynamic = dims[axis] == -1
     t = ctx.constant(idx)
@@ -252,7 +158,7 @@ def _index(ctx, x, dims, hint, axis, idx):
         if dynamic:
             raise ctx.error(f"negative indices into dynamic dim {axis} of %{x.name} are not supported")
         return ctx.const(to_numpy(torch.where(t < 0, t + size, t)), "index")
-    if _never_negative(idx):
+    if never_negative:
         return ctx.tensor(idx)
     if dynamic:
         raise ctx.error(f"run-time indices into dynamic dim {axis} of %{x.name} may be negative, which "

@@ -2,7 +2,7 @@
 
 Circle computes convolutions and pools channels-last (:mod:`circle_fx.ops_nhwc`). Each op
 here becomes its NHWC custom op between a permute to NHWC and one back; alone that costs two
-TRANSPOSEs per op, but the layout pass (:mod:`circle_fx.passes.nhwc`) moves the permutes
+TRANSPOSEs per op, but the layout pass (:mod:`circle_fx.layout.propagate`) moves the permutes
 through the elementwise ops between convolutions, and ``fold_views`` cancels the pairs that
 meet, so a CNN keeps one TRANSPOSE at its input and one at its output.
 

@@ -3,7 +3,7 @@ axes are mapped through it.
 
 ``op(permute(x, p), axes)`` computes the same values as ``permute'(op(x, p[axes]))``, where
 ``permute'`` is ``p`` with the dims the op removed or added accounted for; so the layout pass
-(:mod:`circle_fx.passes.nhwc`) moves a layout permute past
+(:mod:`circle_fx.layout.propagate`) moves a layout permute past
 
 - reductions (``mean/sum/amax/amin`` over any axes, with or without ``keepdim``): a
   squeeze-excite ``x.mean((2, 3), keepdim=True)`` on an NHWC map becomes a MEAN over H and W;

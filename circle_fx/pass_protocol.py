@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, runtime_checkable
 
-from ..program import Program
+from .program import Program
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
 """Layout propagation: move permutes past elementwise ops so that NHWC <-> NCHW pairs meet and cancel.
 
 Every convolution and pool arrives as ``permute(op_nhwc(permute(x, to NHWC)), to NCHW)``
-(:mod:`circle_fx.passes.decompositions_nhwc`). Between two convolutions a CNN only has
+(:mod:`circle_fx.layout.decompositions`). Between two convolutions a CNN only has
 elementwise work (BatchNorm's scale and shift, ReLU/ReLU6, hard-swish, residual ADDs), so
 this pass rewrites, in one forward sweep,
 
@@ -18,11 +18,11 @@ in front of a convolution becomes the convolution's own padding. A permute that 
 ``[B, 1, 1, C] -> [B, C, 1, 1]`` after global pooling) keeps the element order: it becomes a
 reshape, which folds into the flatten after it.
 
-Ops with axes move a permute by remapping their axes through it (:mod:`.nhwc_axes`):
+Ops with axes move a permute by remapping their axes through it (:mod:`.axes`):
 reductions, softmax, ``cat``/``split``/``slice``/``select``/one-index gathers, and reshapes that
 split dims or merge neighbours (GroupNorm's view, a patch embedding's ``flatten(2).transpose(1, 2)``).
 The permutes such a rule leaves (any rank, any order) are marked as layout permutes
-(``LAYOUT_META``) so later ops move them on; a permute of a permute is composed on the spot
+(``circle_fx.meta.LAYOUT_PERMUTE``) so later ops move them on; a permute of a permute is composed on the spot
 (ConvNeXt's own ``permute(0, 2, 3, 1)`` after a convolution cancels before its LayerNorm).
 
 Exact: values are only moved, never recomputed. O(nodes).
@@ -35,10 +35,11 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node, shape_of, static_shape
+from ..meta import LAYOUT_PERMUTE
 from ..ops_nhwc import conv2d_nhwc
-from .base import NodePass
+from ..pass_protocol import NodePass
 from .fold_views import PERMUTE_OPS, permutation
-from .nhwc_axes import SPLITS, rule_for, sink_cat, sink_one, sink_split
+from .axes import SPLITS, rule_for, sink_cat, sink_one, sink_split
 
 import torch.ao.quantization.fx._decomposed  # noqa: E402,F401  (defines torch.ops.quantized_decomposed.*)
 
@@ -68,17 +69,12 @@ def _is_permute(v) -> bool:
     return isinstance(v, fx.Node) and v.op == "call_function" and v.target in PERMUTE_OPS
 
 
-#: set on the permutes this pass moves out of a layout permute (any rank and order): they are
-#: layout permutes too, so later ops move them on
-LAYOUT_META = "circle_fx.layout_permute"
-
-
 def _is_layout_permute(v) -> bool:
-    return _is_permute(v) and (v.meta.get(LAYOUT_META, False) or tuple(permutation(v)) in LAYOUT_PERMS)
+    return _is_permute(v) and (v.meta.get(LAYOUT_PERMUTE, False) or tuple(permutation(v)) in LAYOUT_PERMS)
 
 
 def _mark(n: fx.Node) -> fx.Node:
-    n.meta[LAYOUT_META] = True
+    n.meta[LAYOUT_PERMUTE] = True
     return n
 
 

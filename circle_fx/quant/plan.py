@@ -1,0 +1,58 @@
+"""The quantization plan: what ``export(quantize=..., quant_target=...)`` asked for, resolved and
+checked once (before the slow capture), then read by every quantization path of ``lower``.
+
+- weight-only int8 and GGML blocks (``quantize="int8-weights"`` / ``"q8_0"`` / ``"q4_0"`` or a
+  :class:`~circle_fx.quant.config.QuantConfig`): :attr:`QuantPlan.weights`, applied after the
+  user pipeline by a constant fold and :class:`~circle_fx.quant.weight_only.QuantizeWeights`
+  (fusions and any weight merging see float weights; a weight a fusion left as a constant
+  expression, conv_batch_norm's ``w * scale``, is one constant named after its parameter by then);
+- static quantization (a PT2E-converted model, its Q/DQ nodes): :attr:`QuantPlan.target`
+  (``"onert"`` unless given), the Q/DQ passes around the pipeline (:func:`.qdq.bracket`).
+
+The two exclude each other: asking for weight-only quantization of a statically quantized
+model is an :class:`~circle_fx.errors.InputError`, as is a ``quant_target`` for a float model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+from .config import QuantConfig, resolve_quantize
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    #: the weight-only / GGML configuration (None: weights stay float)
+    weights: QuantConfig | None = None
+    #: the static quantization target the caller named (None: ``"onert"`` when the model has Q/DQ nodes)
+    target: str | None = None
+
+    def pipeline(self, program, passes: list, weight_cache: dict | None = None) -> list:
+        """``passes`` with the plan's quantization passes around / after it, for ``program``.
+        ``weight_cache``: see :func:`circle_fx.lower`."""
+        from .qdq import bracket, has_qdq
+
+        passes = bracket(program, passes, self.target)
+        if self.weights is None:
+            return passes
+        if has_qdq(program):
+            raise InputError("quantize=... asks for weight-only quantization, but the model is already statically "
+                             "quantized (it has quantize/dequantize nodes): export it without quantize=")
+        from ..passes import FoldConstants
+        from .weight_only import QuantizeWeights
+
+        return [*passes, FoldConstants(), QuantizeWeights(self.weights, cache=weight_cache)]
+
+
+def quant_plan(quantize=None, quant_target: str | None = None) -> QuantPlan:
+    """Resolve ``quantize`` (None / "none", a preset name, a QuantConfig, or a plan made before)
+    and check ``quant_target``; a bad value is an InputError here, before any capture."""
+    if isinstance(quantize, QuantPlan):
+        if quant_target is not None and quant_target != quantize.target:
+            raise InputError(f"quant_target={quant_target!r} given with a quantization plan for {quantize.target!r}")
+        return quantize
+    if quant_target is not None:
+        from .qdq import check_target
+
+        check_target(quant_target)
+    return QuantPlan(resolve_quantize(quantize), quant_target)
