@@ -169,11 +169,18 @@ class Arm64Env:
         _check_run(["apt-get", "install", "-y", "-qq", *need], f"apt-get install {' '.join(need)}", env=env)
 
 
+#: seconds any one setup command may take (a stalled mirror must not hang CI): debootstrap took 18 s,
+#: apt-get install ~20 s, the wheel download 2 s on the dev VM
+SETUP_STEP_TIMEOUT = 600
+
+
 def _check_run(cmd, what, env=None) -> None:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=SETUP_STEP_TIMEOUT)
     except FileNotFoundError as e:
         raise Arm64Unavailable(f"{what}: {e}") from None
+    except subprocess.TimeoutExpired:
+        raise Arm64Unavailable(f"{what} took more than {SETUP_STEP_TIMEOUT} s; stopped") from None
     if p.returncode:
         tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-12:])
         raise Arm64Unavailable(f"{what} failed (exit {p.returncode}):\n{tail}")
@@ -182,7 +189,7 @@ def _check_run(cmd, what, env=None) -> None:
 def _smoke(root: str, site: str) -> dict:
     code = "import json, platform, onert, numpy; print(json.dumps({'machine': platform.machine(), 'numpy': numpy.__version__}))"
     p = subprocess.run([find_qemu(), "-L", root, os.path.join(root, "usr", "bin", f"python{PY}"), "-c", code],
-                       capture_output=True, text=True, env={"PYTHONPATH": site, "PATH": "/usr/bin:/bin"})
+                       capture_output=True, text=True, env={"PYTHONPATH": site, "PATH": "/usr/bin:/bin"}, timeout=300)
     if p.returncode:
         raise Arm64Unavailable(f"the arm64 Python could not import onert and numpy:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
