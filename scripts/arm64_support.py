@@ -137,7 +137,7 @@ def greedy_cover(rows: list[dict]) -> list[str]:
     return chosen
 
 
-def run_cover(jobs: int, cache: str | None) -> int:
+def run_cover(jobs: int, cache: str | None, kinds=("decoders", "encoders")) -> int:
     import encoder_families as ef
     import hf_families as hf
 
@@ -151,6 +151,7 @@ def run_cover(jobs: int, cache: str | None) -> int:
     import random
 
     random.Random(0).shuffle(rows)
+    rows = [r for r in rows if ("encoders" if r.model_type in enc else "decoders") in kinds]
     report = lambda r: print(f"{r['family']:44s} {r['status']:7s} {len(r.get('forms', []))}", flush=True)  # noqa: E731
     # --render: the cover of the rows the cache holds (a run cut short: the docs say how many)
     got = ms.gather(rows, jobs, cache, report, check_fn=cover_check, partial=True, timeout=TIMEOUT)
@@ -160,6 +161,8 @@ def run_cover(jobs: int, cache: str | None) -> int:
         forms = sorted(set().union(*(r.get("forms", []) for r in part)))
         result[kind] = {"families": len(part), "of": len(names), "forms": forms, "cover": greedy_cover(part),
                         "forms_of": {r["family"]: r.get("forms", []) for r in part if r["status"] == "ok"}}
+    if os.path.exists(COVER):  # a run of one kind keeps the other's result
+        result = {**json.load(open(COVER)), **{k: v for k, v in result.items() if k in kinds}}
     with open(COVER, "w") as fh:
         json.dump(result, fh, indent=1)
         fh.write("\n")
@@ -370,7 +373,7 @@ def main(argv: list[str]) -> int:
 
     jobs, cache, given, argv = ms.options(argv, "--cover")
     if "--cover" in given:
-        return run_cover(jobs, cache)
+        return run_cover(jobs, cache, tuple(argv) or ("decoders", "encoders"))
     from circle_fx.circle.arm64 import Arm64Env
 
     why = Arm64Env().missing()
