@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     hf = hf[len(ids):]
     print(f"SmolLM2-135M-Instruct, prompt {PROMPT!r} ({len(ids)} tokens), {args.new} greedy new tokens")
     print(f"transformers: {hf} {tok.decode(hf)!r}\n")
-    print("| mode | arm64 tokens | x86 tokens | arm64 = x86 | arm64 = transformers | max |arm64 - x86| logits | "
+    print("| mode | arm64 tokens | x86 tokens | arm64 = x86 | arm64 = transformers | max |arm64 - x86| logits (same context) | "
           "arm64 s/token | text (arm64) |")
     print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes:
@@ -77,7 +77,14 @@ def main(argv=None) -> int:
         a, x = out["arm64"], out["x86"]
         dx, dh = first_difference(a[0], x[0]), first_difference(a[0], hf)
         same = lambda d: "yes" if d is None else f"no, from new token {d}"  # noqa: E731
-        print(f"| {mode} | {a[0]} | {x[0]} | {same(dx)} | {same(dh)} | {float(np.abs(a[1] - x[1]).max()):.3g} | "
+        # logits compared while both saw the same tokens: up to and including the first divergence
+        upto = len(a[0]) if dx is None else dx + 1
+        diff = float(np.abs(a[1][:upto] - x[1][:upto]).max())
+        margin = ""
+        if dx is not None:  # how close x86's choice was: its top-1 minus its top-2 logit at that step
+            top2 = np.sort(x[1][dx])[-2:]
+            margin = f"; x86's top-2 margin there {float(top2[1] - top2[0]):.3g}"
+        print(f"| {mode} | {a[0]} | {x[0]} | {same(dx)}{margin} | {same(dh)} | {diff:.3g} | "
               f"{a[2]:.1f} | {tok.decode(a[0])!r} |", flush=True)
     return 0
 

@@ -208,6 +208,8 @@ class Arm64Runtime:
             raise Arm64Unavailable(why)
         self._proc = None
         self._log = None
+        #: counts worker starts: a session opened in an earlier worker (closed, or died) reopens
+        self.generation = 0
 
     # ---------------------------------------------------------------- worker
     def _start(self) -> None:
@@ -217,6 +219,7 @@ class Arm64Runtime:
         for k in ("NUM_THREADS", "USE_MMAPED_DATA", "TMPDIR"):
             if k in os.environ:
                 env[k] = os.environ[k]
+        self.generation += 1
         self._proc = subprocess.Popen([find_qemu(), "-L", self.env.root, self.env.python, "-P", "-s", worker],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
 
@@ -285,17 +288,29 @@ class Arm64Runtime:
 
 class Arm64Session:
     def __init__(self, rt: Arm64Runtime, path: str, low_level: bool):
-        self.rt, self.path = rt, path
+        self.rt, self.path, self.low_level = rt, path, low_level
+        self._open()
+
+    def _open(self) -> None:
         try:
-            self.handle = rt.call("open", path, low_level)
+            self.handle = self.rt.call("open", self.path, self.low_level)
         except RuntimeFailure as e:
-            raise RuntimeFailure(f"arm64 onert could not load {path}: {e}") from None
+            raise RuntimeFailure(f"arm64 onert could not load {self.path}: {e}") from None
+        self.generation = self.rt.generation
+
+    def _current(self) -> int:
+        """The handle in the running worker (a new worker, after a close or a crash, reopens the file)."""
+        if self.generation != self.rt.generation or self.rt._proc is None or self.rt._proc.poll() is not None:
+            if self.rt._proc is None or self.rt._proc.poll() is not None:
+                self.rt._start()
+            self._open()
+        return self.handle
 
     def run(self, inputs: list) -> list:
         import numpy as np
 
         try:
-            return self.rt.call("infer", self.handle, [np.ascontiguousarray(x) for x in inputs])
+            return self.rt.call("infer", self._current(), [np.ascontiguousarray(x) for x in inputs])
         except RuntimeFailure as e:
             raise RuntimeFailure(f"arm64 onert failed to run {self.path}: {e}") from None
 
@@ -311,7 +326,7 @@ class Arm64BoundSession(Arm64Session):
 
     def run(self) -> None:
         try:
-            self._outputs = self.rt.call("run", self.handle, self._bound)
+            self._outputs = self.rt.call("run", self._current(), self._bound)
         except RuntimeFailure as e:
             raise RuntimeFailure(f"arm64 onert failed to run {self.path}: {e}") from None
 

@@ -129,6 +129,7 @@ def test_missing_arm64_side_is_a_clear_error(tmp_path):
 
 
 @needs_arm64
+@pytest.mark.slow
 def test_worker_reports_onert_errors(arm, tmp_path):
     """A file onert refuses is a RuntimeFailure naming it, and the worker keeps serving."""
     from circle_fx.errors import RuntimeFailure
@@ -138,3 +139,17 @@ def test_worker_reports_onert_errors(arm, tmp_path):
     with pytest.raises(RuntimeFailure, match="bad.circle"):
         arm.session(str(bad), verified=True)
     assert arm.info()["machine"] == "aarch64"
+
+
+@needs_arm64
+@pytest.mark.slow
+def test_a_session_outlives_its_worker(tmp_path):
+    """Closing the runtime (or a worker crash) ends the worker; its sessions reopen in the next one."""
+    model = torch.nn.Linear(4, 3).eval()
+    x = torch.randn(2, 4)
+    cm = circle_fx.export(model, (x,))
+    rt = Arm64Runtime()
+    first = cm.run(x, runtime=rt)[0]
+    rt.close()
+    np.testing.assert_array_equal(cm.run(x, runtime=rt)[0], first)
+    rt.close()
