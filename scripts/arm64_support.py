@@ -338,12 +338,16 @@ def markdown(rows: list[dict], cover: dict) -> str:
     for kind, v in cover.items():
         lines.append(f"- **{kind}**: the {len(v['forms'])} op forms of {v['families']} of the {v.get('of', v['families'])} {kind} of "
                      f"docs/{'model' if kind == 'decoders' else 'encoder'}-support that export are covered by "
-                     f"{len(v['cover'])} families: {', '.join('`' + c + '`' for c in v['cover'])} (`docs/arm64-cover.json`).")
+                     f"{len(v['cover'])} families: {', '.join('`' + c + '`' for c in v['cover'])} (`docs/arm64-cover.json`)"
+                     + (" — the scan (a seeded random order) was cut at its time budget: `--cover` with the same "
+                        "`--cache` resumes it." if v['families'] < v.get('of', v['families']) else "."))
     n = {k: sum(1 for r in rows if r.get("verdict") == k) for k in ("same", "ok", "worse")}
     failed = [r["family"] for r in rows if r.get("status") != "ok"]
     lines += ["", f"**{len(rows)} rows: {n['same']} same as x86 (to rounding), {n['ok']} differ from x86 but are no "
               f"further from eager, {n['worse']} worse than x86{', failed: ' + ', '.join(failed) if failed else ''}.** "
-              "Worse rows are explained in docs/onert-findings.md (aarch64).", "",
+              "Worse rows are explained in docs/onert-findings.md (aarch64). The rows took "
+              f"{sum(r.get('seconds', 0) for r in rows) / 60:.0f} min of one process each (export on x86 included; "
+              "`-j2` halves the wall time).", "",
               "Columns: arm-x86 = max |arm64 - x86| (absolute); arm-eager / x86-eager = max |out - eager float| / "
               "max |eager| (a quantized file's own error); top-1 = argmax agreement over the last dim; "
               "scale = max |eager|. Package rows: logits of the prefill and each decode step (greedy, 4 new "
