@@ -47,6 +47,7 @@ class CircleModel:
         self.report = report
         self._session = None
         self._session_path: str | None = None  # a temp file run() wrote (removed with the model)
+        self._remote: dict = {}  # id(runtime) -> (runtime, its session): run(runtime=...)
         #: the file this model was loaded from (``CircleModel.load``), run in place
         self.source_path: str | None = None
         #: True once :func:`circle_fx.verify` passed on these bytes (``export(verify=True)``)
@@ -115,8 +116,10 @@ class CircleModel:
         return self.serialized.size
 
     # ------------------------------------------------------------------- run
-    def run(self, *inputs) -> list[np.ndarray]:
-        """Execute in onert; inputs are tensors or arrays, in the model's input order."""
+    def run(self, *inputs, runtime=None) -> list[np.ndarray]:
+        """Execute in onert; inputs are tensors or arrays, in the model's input order.
+        ``runtime``: another onert to run in, an object with ``session(path, verified)`` such as
+        :class:`circle_fx.circle.arm64.Arm64Runtime` (onert's aarch64 build under qemu); None: the local onert."""
         from .circle.runtime import OnertSession, temp_circle_path
 
         if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
@@ -126,15 +129,22 @@ class CircleModel:
                              f"{self.builder.input_names}, got {len(inputs)}")
         arrays = [self._check_input(k, x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x))
                   for k, x in enumerate(inputs)]
-        if self._session is None:
+        if self._session is None or runtime is not None:
             if not self.verified:  # onert segfaults on a malformed file: never hand it one unchecked
                 self.check()
             if self.serialized.external:  # refused before a multi-GB temp file is written
                 raise RuntimeFailure(f"onert 0.1.0 cannot run this model: {EXTERNAL_WHY}")
             path = self.source_path
             if path is None or not path.endswith(".circle"):  # onert picks its loader by extension
-                path = self._session_path = temp_circle_path()
-                self._write(path)
+                if self._session_path is None:
+                    self._session_path = temp_circle_path()
+                    self._write(self._session_path)
+                path = self._session_path
+            if runtime is not None:  # one session per runtime, kept as the local one is
+                key = id(runtime)
+                if key not in self._remote:
+                    self._remote[key] = (runtime, runtime.session(path, verified=True))
+                return self._remote[key][1].run(arrays)
             self._session = OnertSession(path, verified=True)
         return self._session.run(arrays)
 

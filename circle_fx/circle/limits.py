@@ -194,3 +194,21 @@ def output_read_problem(readers: list[int]) -> str | None:
         return (f"{OUTPUT_COPIES}: also read by operator(s) {readers[:4]}; onert 0.1.0 reuses a graph output's "
                 "memory for later results and returns those (write the output with a RESHAPE of its own)")
     return None
+
+
+# ------------------------------------------------------------ per architecture
+#: onert 0.1.0 ships two CPU wheels, x86_64 and aarch64 (the devices'). Every limit above was measured on
+#: x86_64 and re-measured on aarch64 under qemu-user (``benchmarks/arm64_limits.py``, docs/onert-findings.md
+#: "aarch64"): they hold on both, except the operators listed here, ``{op: {architecture: what goes wrong}}``.
+#: circle_fx never emits them; ``verify`` reports one in a file (a warning and ``VerifyReport.arch_limits``,
+#: not an error: the file may be meant for the architecture it runs right on). The GGML kernels' AVX-512
+#: need on x86_64 is a CPU property, probed at run time (``ggml_support.py``), not listed here.
+ARCH_ONLY: dict[str, dict[str, str]] = {
+    "SPLIT_V": {"x86_64": "returns all zeros (aarch64: exact)"},
+}
+
+
+def arch_problems(op_names) -> list[str]:
+    """One message per operator name in :data:`ARCH_ONLY` among ``op_names`` (any iterable)."""
+    return [f"{name}: onert 0.1.0 on {arch} {why}" for name in sorted(set(op_names) & ARCH_ONLY.keys())
+            for arch, why in ARCH_ONLY[name].items()]

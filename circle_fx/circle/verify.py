@@ -68,13 +68,16 @@ class VerifyReport:
     #: buffers whose bytes repeat an earlier buffer's, and the bytes they waste
     duplicate_buffers: int = 0
     duplicate_bytes: int = 0
+    #: operators onert 0.1.0 runs wrongly on one of its architectures only (``limits.arch_problems``)
+    arch_limits: list = field(default_factory=list)
 
     def __str__(self) -> str:
         return (f"Circle file OK: {self.operators} operators ({self.shape_checked} shape-checked), "
                 f"{self.tensors} tensors, {self.constants} constants, inputs {self.inputs}, "
                 f"outputs {self.outputs}" + (", dynamic shapes" if self.dynamic else "")
                 + (f"; {self.duplicate_buffers} buffer(s) repeat another's bytes ({self.duplicate_bytes:,} "
-                   "bytes could be shared)" if self.duplicate_buffers else ""))
+                   "bytes could be shared)" if self.duplicate_buffers else "")
+                + "".join(f"; {m}" for m in self.arch_limits))
 
 
 def verify(src) -> VerifyReport:
@@ -104,8 +107,13 @@ def verify(src) -> VerifyReport:
         name = src if isinstance(src, str) else "Circle model"
         warnings.warn(f"{name}: {len(dups)} constant buffer(s) repeat another buffer's bytes "
                       f"({duplicate_bytes([b.data for b in cf.buffers], dups):,} bytes stored twice)", stacklevel=2)
+    arch = limits.arch_problems(op.name for op in cf.operators)
+    if arch:
+        import warnings
+
+        warnings.warn(f"{src if isinstance(src, str) else 'Circle model'}: " + "; ".join(arch), stacklevel=2)
     t = cf.tensors
-    return VerifyReport(
+    return VerifyReport(arch_limits=arch,
         duplicate_buffers=len(dups), duplicate_bytes=duplicate_bytes([b.data for b in cf.buffers], dups),
         operators=len(cf.operators), tensors=len(t), buffers=len(cf.buffers),
         constants=sum(1 for x in t if checker.is_const(x.index)),

@@ -52,15 +52,16 @@ class LLMPackage:
             raise ValueError("the package has not been saved yet")
         return os.path.join(self.directory, self.manifest[part]["file"])
 
-    def runner(self, directory: str | None = None):
-        """An :class:`~circle_fx.llm.runner.LLMRunner` on this package (saved to a temp dir first if needed)."""
+    def runner(self, directory: str | None = None, runtime=None):
+        """An :class:`~circle_fx.llm.runner.LLMRunner` on this package (saved to a temp dir first if
+        needed); ``runtime``: as ``LLMRunner``'s (e.g. :class:`circle_fx.circle.arm64.Arm64Runtime`)."""
         from .runner import LLMRunner
 
         if self.directory is None:
             import tempfile
 
             self.save(directory or tempfile.mkdtemp(prefix="circle_fx_llm_"))
-        return LLMRunner(self.directory)
+        return LLMRunner(self.directory, runtime=runtime)
 
     def __repr__(self) -> str:
         m = self.manifest

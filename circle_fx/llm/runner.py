@@ -63,15 +63,18 @@ class _Session:
 class LLMRunner:
     """Drive a saved package (see :mod:`circle_fx.llm.manifest` for the protocol)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, runtime=None):
+        """``runtime``: another onert to run in, an object with ``bound_session(path)`` (the
+        interface of :class:`_Session`), such as :class:`circle_fx.circle.arm64.Arm64Runtime`."""
         self.directory = os.fspath(directory)
         m = self.manifest = mf.read(self.directory)
         self.max_seq_len, self.prefill_len = m["max_seq_len"], m["prefill_len"]
         self.eos_token_ids = list(m.get("eos_token_ids") or [])
         self.pad = m.get("pad_token_id") or 0
         self._text = None
-        self.decode = _Session(os.path.join(self.directory, m["decode"]["file"]))
-        self.prefill = _Session(os.path.join(self.directory, m["prefill"]["file"]))
+        session = _Session if runtime is None else runtime.bound_session
+        self.decode = session(os.path.join(self.directory, m["decode"]["file"]))
+        self.prefill = session(os.path.join(self.directory, m["prefill"]["file"]))
         din = {e["name"]: e["index"] for e in m["decode"]["inputs"]}
         self._dout = {e["name"]: e["index"] for e in m["decode"]["outputs"]}
         pin = {e["name"]: e["index"] for e in m["prefill"]["inputs"]}
