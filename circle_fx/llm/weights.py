@@ -139,18 +139,17 @@ class GGUFWeights:
     #: processors that map one GGUF tensor to one parameter (others merge or split tensors)
     PER_TENSOR = ("TensorProcessor", "LlamaTensorProcessor")
 
-    def __init__(self, path: str, model):
+    def __init__(self, path: str, model, config: dict):
         from gguf import GGUFReader
         from gguf.quants import _type_traits
         from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                              get_gguf_hf_weights_map, load_gguf_checkpoint, read_field)
+                                                              get_gguf_hf_weights_map, read_field)
 
         self.path = path
         try:
             self.reader = GGUFReader(path)
         except Exception as e:  # gguf-py raises ValueError / struct errors on a bad or cut file
             raise InputError(f"{path}: not a readable GGUF file: {type(e).__name__}: {e}") from None
-        config = load_gguf_checkpoint(path, return_tensors=False)["config"]
         arch = read_field(self.reader, "general.architecture")[0]
         cls = TENSOR_PROCESSORS.get(arch, TensorProcessor)
         if cls.__name__ not in self.PER_TENSOR:
@@ -287,7 +286,7 @@ def open_checkpoint(path: str, where: str, kw: dict):
     model, params = weightless(config)
     if kw.get("gguf_file"):
         try:
-            weights = GGUFWeights(path, model)
+            weights = GGUFWeights(path, model, config.to_dict())
         except NotImplementedError:
             return None
     elif any(os.path.isfile(os.path.join(where, f)) for f in ("model.safetensors", "model.safetensors.index.json")):

@@ -88,6 +88,13 @@ def test_gguf_tensors_streamed_as_transformers_reads_them(tmp_path):
     ck = lz._circle_fx_checkpoint
     for name, p in ref.named_parameters():  # q/k permutation undone as transformers' GGUF load does
         assert torch.equal(ck.weights.read(ck.names[name]), p.detach()), name
+
+
+@pytest.mark.slow
+def test_gguf_streamed_export_is_the_in_memory_export(tmp_path):
+    path = _tiny_gguf(tmp_path / "tiny.gguf")
+    ref, _ = load_checkpoint(path, tokenizer=False, lazy=False)
+    lz, _ = load_checkpoint(path, tokenizer=False)
     _same_bytes(ref, lz, "q4_0")
 
 
