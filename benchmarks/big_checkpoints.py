@@ -27,6 +27,9 @@ sys.path.insert(0, HERE)
 from big_models import CONFIGS as _SIZES  # noqa: E402  (the 1.5B-sized and 3B-sized layers)
 
 CONFIGS = {"1.6b": _SIZES["1.5b"], "3b": _SIZES["3b"],
+           # a float32 package that fits onert's 2 GiB (1.2 GB of weights per file)
+           "0.3b": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+                        num_key_value_heads=4),
            "smoke": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2)}  # a quick check of the script itself
 SHARD_BYTES = 2 << 30
