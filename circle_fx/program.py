@@ -61,10 +61,21 @@ def row_chunks(t: torch.Tensor, rows: int):
     """``(start, chunk)`` pairs covering ``t`` along dim 0, each at most ``rows`` rows, as views:
     a :class:`StackedTensor` is walked part by part (slicing it would concatenate all its parts
     for every chunk: a full-size temporary per chunk, the merged gate/up weight of a 1.5B model
-    is 134 MB). For the weight quantizers, which only need the rows in order."""
+    is 134 MB). For the weight quantizers, which only need the rows in order. A
+    :class:`~circle_fx.lazy.LazyTensor` part (a checkpoint's weight) is read here, one part at a
+    time: by row slices when its source can (safetensors), else whole."""
+    from .lazy import LazyTensor
+
     parts = t.parts if isinstance(t, StackedTensor) else [t]
     start = 0
     for p in parts:
+        if isinstance(p, LazyTensor):  # a checkpoint's weight: read by row slices if it can be, else whole
+            if p.rows is not None:
+                for i in range(0, int(p.shape[0]), max(1, rows)):
+                    yield start + i, p.rows(i, min(i + rows, int(p.shape[0])))
+                start += int(p.shape[0])
+                continue
+            p = p.materialize()
         for i in range(0, int(p.shape[0]), max(1, rows)):
             chunk = p[i:i + rows]
             yield start + i, chunk

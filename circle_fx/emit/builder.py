@@ -37,6 +37,28 @@ class Stacked:
         return out if dtype is None else out.astype(dtype)
 
 
+class LazyParts(Stacked):
+    """A :class:`Stacked` buffer whose parts are :class:`~circle_fx.lazy.LazyTensor` constants
+    (a float checkpoint weight, or a merged one's members): nothing is read until the writer
+    streams it, one part at a time (``chunks`` yields each part's values and drops them), so a
+    float32 export from a checkpoint never holds its weights together. Not compared by
+    ``share_buffers`` (that would read them): a tied weight is one constant anyway."""
+
+    def __init__(self, parts: list, to_array):
+        self.parts, self._to_array = list(parts), to_array
+        self.dtype = np.dtype(to_array(None, parts[0].dtype))
+        self.shape = (sum(int(p.shape[0]) for p in parts), *(int(d) for d in parts[0].shape[1:]))
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def chunks(self):
+        for p in self.parts:
+            yield self._to_array(p, None)
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.concatenate(list(self.chunks()), 0)
+        return out if dtype is None else out.astype(dtype)
+
+
 @dataclass
 class TensorInfo:
     name: str

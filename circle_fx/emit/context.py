@@ -16,10 +16,15 @@ import torch.fx as fx
 from ..circle.schema import CIRCLE_TO_NUMPY, QuantParams
 from ..errors import UnsupportedOpError
 from ..fx_utils import dtype_of, val
+from ..lazy import is_lazy
 from ..meta import QUANT_META
 from ..program import Program, StackedTensor, fetch_attr
 from ..source import op_name, source_line
-from .builder import ModelBuilder, Stacked
+from .builder import LazyParts, ModelBuilder, Stacked
+
+#: a lazy constant at least this big is streamed from its checkpoint by the writer (smaller ones,
+#: norm gammas, are read while lowering: not worth a buffer of their own kind)
+_LAZY_MIN_BYTES = 1 << 16
 from .types import TORCH_TO_CIRCLE, circle_type, numpy_dtype, to_numpy
 
 
@@ -126,13 +131,20 @@ class LoweringContext(NodeInfo):
         return None
 
     def const_tensor(self, t: torch.Tensor, name: str, quantization: QuantParams | None = None) -> int:
+        parts = t.parts if isinstance(t, StackedTensor) else [t]
+        if any(is_lazy(p) for p in parts) and t.dim() > 0 and t.numel() * t.element_size() >= _LAZY_MIN_BYTES:
+            key = ("lazy", tuple(p.key if is_lazy(p) else id(p) for p in parts))  # a tied weight: one buffer
+            arr = LazyParts(parts, lambda p, dt, where=f"constant {name}": (
+                numpy_dtype(dt, where) if p is None else to_numpy(p, where)))
+            buf = self.builder.add_buffer(arr, key)
+            return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
         if isinstance(t, StackedTensor):  # written part by part, never concatenated in memory
             arr = Stacked([to_numpy(p, f"constant {name}") for p in t.parts])
             buf = self.builder.add_buffer(arr)
             return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
         arr = to_numpy(t, f"constant {name}")
         key = None
-        if t.is_contiguous() and arr.nbytes > 256:
+        if t.is_contiguous() and arr.nbytes > 256 and not is_lazy(t):
             key = ("storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
         buf = self.builder.add_buffer(arr, key)
         return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
@@ -148,8 +160,9 @@ class LoweringContext(NodeInfo):
         if key not in self._packed:
             t = fetch_attr(self.program.gm, value.target)
             arr = to_numpy(t, f"constant {value.target}")
-            storage = ("storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-            buf = self.builder.add_buffer(arr, storage if t.is_contiguous() else None)
+            storage = None if is_lazy(t) or not t.is_contiguous() else (
+                "storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+            buf = self.builder.add_buffer(arr, storage)
             self._packed[key] = self.builder.add_tensor(name or value.target, [int(d) for d in shape], circle_type, buf)
         return self._packed[key]
 

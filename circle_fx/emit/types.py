@@ -6,6 +6,7 @@ import torch
 
 from ..circle.schema import CIRCLE_TO_NUMPY, NUMPY_TO_CIRCLE, TT  # noqa: F401  (re-exported)
 from ..errors import UnsupportedDtypeError
+from ..lazy import materialize
 
 TORCH_TO_CIRCLE = {
     torch.float32: TT.FLOAT32,
@@ -42,9 +43,9 @@ def numpy_dtype(dtype: torch.dtype, where: str = ""):
 
 
 def to_numpy(t: torch.Tensor, where: str = "") -> np.ndarray:
-    """A numpy view of a CPU tensor (no copy when it is contiguous)."""
+    """A numpy view of a CPU tensor (no copy when it is contiguous); a lazy constant's values."""
     circle_type(t.dtype, where)
-    t = t.detach()
+    t = materialize(t).detach()
     if not t.is_contiguous():
         t = t.contiguous()
     return t.numpy()

@@ -102,10 +102,15 @@ def _bytes_view(arr: np.ndarray) -> memoryview:
     return memoryview(arr.reshape(-1).view(np.uint8))
 
 
-def _chunks(arr) -> list[memoryview]:
+def _chunks(arr):
     """The bytes of a buffer as views, in order: one for an array, one per part of a
-    :class:`~circle_fx.emit.builder.Stacked` (streamed without concatenating)."""
-    return [_bytes_view(p) for p in arr.chunks()] if isinstance(arr, Stacked) else [_bytes_view(arr)]
+    :class:`~circle_fx.emit.builder.Stacked` (streamed without concatenating; a lazy one's parts
+    are read from the checkpoint one at a time, each dropped before the next is read)."""
+    if not isinstance(arr, Stacked):
+        yield _bytes_view(arr)
+        return
+    for p in arr.chunks():
+        yield _bytes_view(p)
 
 
 def _put(dst, off: int, arr) -> None:

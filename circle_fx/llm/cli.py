@@ -11,15 +11,16 @@ from ..errors import InputError
 from ..quant import options as quant_options
 
 
-def _load(spec: str):
-    """``(model, tokenizer)`` from a checkpoint path or ``MODULE:FACTORY``."""
+def _load(spec: str, lazy: bool = True):
+    """``(model, tokenizer)`` from a checkpoint path (weightless if ``lazy``: its weights read as
+    they are packed) or ``MODULE:FACTORY``."""
     import torch
 
     from ..factory import load_factory
     from .checkpoint import is_checkpoint, load_checkpoint
 
     if is_checkpoint(spec):
-        return load_checkpoint(spec)
+        return load_checkpoint(spec, lazy=lazy)
     factory = load_factory(spec)
     try:
         result = factory()
@@ -37,7 +38,7 @@ def cmd_export_llm(args) -> int:
     quantize = quant_options.quantize_from(args)  # bad options fail before the model loads
     if args.calibration and quantize is None:
         raise InputError("--calibration weights a --quantize preset's Q4_0 scales; pass --quantize too")
-    model, tokenizer = _load(args.model)
+    model, tokenizer = _load(args.model, lazy=not (args.calibration or args.check))  # those run it in eager
     if args.tokenizer:
         tokenizer = args.tokenizer
     if args.calibration:

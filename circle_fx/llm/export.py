@@ -137,8 +137,15 @@ def _rename_inputs(program, names: list[str]) -> None:
     program.input_names = [n.name for n in placeholders]
 
 
-def _capture(module, args, input_names, pipeline, quantize=None, limits=None, weight_cache=None, program=None):
-    program = api.capture(module, args) if program is None else program
+def _capture(module, args, input_names, pipeline, quantize=None, limits=None, weight_cache=None, program=None,
+             checkpoint=None):
+    if program is None:
+        with _stage("capture"):
+            program = api.capture(module, args)
+    if checkpoint is not None:  # a weightless model: its placeholders become the checkpoint's lazy weights
+        from .weights import lazify
+
+        lazify(program, checkpoint)
     _rename_inputs(program, input_names)
     # the wrapper holds the model as ``.model``: name weights as the user's model does, so
     # ``QuantConfig.skip``/``overrides`` patterns and messages read ``model.layers.0...``, not ``model.model...``
@@ -153,7 +160,7 @@ WRONG_POSITIONS = ("{cls} derives its positions from the cache length as a Pytho
                    "with a run-time length fails, with 0 it is wrong)")
 
 
-def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, weight_cache=None):
+def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, weight_cache=None, checks=None):
     """The decode step -> ``(model, None)``, or ``(None, why)`` when a cached decode step would
     not be exact (the package then recomputes, see :func:`export_llm`).
 
@@ -173,21 +180,23 @@ def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, 
     level = shapes_log.level
     try:
         shapes_log.setLevel(logging.ERROR)  # ... and logs a warning about the unbacked symbol
-        with contextlib.redirect_stderr(err):
+        with contextlib.redirect_stderr(err), _stage("capture"):
             program = api.capture(DecodeStep(model, spec), args)
         sys.stderr.write(err.getvalue())
         length_input = True
     except (CaptureError, InputError):
         length_input = False
-        if not decode_matches_prefill(model, spec, past_length_input=False, tol=1e-5):
+        if not decode_matches_prefill(*checks, past_length_input=False, tol=1e-5):
             return None, WRONG_POSITIONS.format(cls=type(model).__name__)
-        program = api.capture(DecodeStep(model, spec, past_length_input=False), args)
+        with _stage("capture"):
+            program = api.capture(DecodeStep(model, spec, past_length_input=False), args)
     finally:
         shapes_log.setLevel(level)
-    why = decode_self_check(model, spec, past_length_input=length_input)
+    why = decode_self_check(*checks, past_length_input=length_input)
     if why:
         return None, f"{type(model).__name__}: {why}"
-    return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program), None
+    return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program,
+                    checkpoint=_checkpoint(model)), None
 
 
 def _pipelines(rope_op: bool):
@@ -207,7 +216,57 @@ def _capture_prefill(model, spec, pipeline, quantize, weight_cache, length: int 
     if length is None:
         limits["prefill_len"] = n
     return _capture(Prefill(model, spec, length=length), args, ["input_ids", "last_index"], pipeline, quantize,
-                    limits, weight_cache)
+                    limits, weight_cache, checkpoint=_checkpoint(model))
+
+
+def _checkpoint(model):
+    """The :class:`~circle_fx.llm.weights.LazyCheckpoint` of a model built without weights, or None."""
+    from .weights import ATTR
+
+    return getattr(model, ATTR, None)
+
+
+def _probe(model, spec):
+    """:func:`~circle_fx.llm.cache.probe_caches`; for a weightless model (placeholder weights,
+    :mod:`~circle_fx.llm.weights`) under ``FakeTensorMode``: only the states' shapes are read,
+    and nothing of the full-size forward is computed."""
+    if _checkpoint(model) is None:
+        return probe_caches(model, spec)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return probe_caches(model, spec)
+
+
+def _checks(model, spec):
+    """``(model, spec)`` the eager checks of the cache driving run on: the model itself, or a
+    weightless model's random-weight check copy (:func:`~circle_fx.llm.weights.check_config`)
+    with a spec of its own (its cache states probed)."""
+    ckpt = _checkpoint(model)
+    if ckpt is None:
+        return model, spec
+    small = ckpt.check_model()
+    small_spec = model_spec(small, spec.max_seq_len, spec.prefill_len)
+    small_spec.caches = probe_caches(small, small_spec) if spec.caches else []
+    small_spec.kv_in_place = spec.kv_in_place
+    return small, small_spec
+
+
+@contextlib.contextmanager
+def _stage(name: str):
+    """Time a conversion stage into :data:`STAGES` (the big-model benchmark's breakdown)."""
+    import time
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        wall, cpu = STAGES.get(name, (0.0, 0.0))
+        STAGES[name] = (wall + time.perf_counter() - t0, cpu + time.process_time() - c0)
+
+
+#: ``{stage: (wall s, CPU s)}`` summed over the export (reset by :func:`export_llm`)
+STAGES: dict[str, tuple[float, float]] = {}
 
 
 def _export_cached(model, spec, rope_op, quantize):
@@ -216,18 +275,20 @@ def _export_cached(model, spec, rope_op, quantize):
     :func:`_capture_decode`)."""
     S = spec.max_seq_len
     with model_errors(model):
-        spec.caches = probe_caches(model, spec)
+        spec.caches = _probe(model, spec)
         if not spec.caches:
             spec.recompute = f"no layer of {type(model).__name__} hands a state to the cache"
             return None, None
-        spec.kv_in_place = slot_dependent(model, spec)
+        checks = _checks(model, spec)
+        spec.kv_in_place = checks[1].kv_in_place = slot_dependent(*checks)
         decode_pipe, prefill_pipe = _pipelines(rope_op)
         caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
         ids1, pos = torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
         weights = {}  # both programs read the same parameters: each weight quantized once, stored once in memory
         decode, why = _capture_decode(model, spec, (ids1, pos, caches), ["input_ids", "position", *spec.cache_names()],
                                       decode_pipe, quantize,
-                                      {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights)
+                                      {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights,
+                                      checks)
         if decode is None:
             spec.recompute = why
             return None, None
@@ -241,7 +302,7 @@ def _export_recompute(model, spec, rope_op, quantize):
     its own causal mask and positions, no cache), which is exact for a right-padded window only
     if the model is causal: checked first."""
     spec.caches, spec.kv_in_place = [], False
-    if not causal(model, spec):
+    if not causal(*_checks(model, spec)):
         raise InputError(f"{spec.recompute}, and export_llm cannot recompute it over a padded window: its logits at "
                          f"a position depend on the tokens after it (not a causal decoder)")
     decode_pipe, prefill_pipe = _pipelines(rope_op)
@@ -282,6 +343,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     if DecodeStep is None:
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
     plan = quant_plan(quantize)  # a bad value fails before the (slow) captures
+    STAGES.clear()
     with model_errors(model):
         spec = model_spec(model, max_seq_len, prefill_len)
     text, assets = text_assets(default_tokenizer(model) if isinstance(tokenizer, str) and tokenizer == "auto" else tokenizer, model)

@@ -53,6 +53,7 @@ from ..circle.schema import QuantParams
 from ..errors import InputError
 from ..fx_utils import arguments, fake_constant, make_node
 from ..pass_protocol import Pass
+from ..lazy import is_lazy
 from ..program import StackedTensor, add_constant, row_chunks
 from .config import QuantConfig
 from ..circle import ggml
@@ -216,7 +217,8 @@ class QuantizeWeights(Pass):
         """``compute()`` for weight ``w`` encoded ``how``, or the result computed before for the same
         storage (the captured constants of one model are views of its parameters)."""
         parts = w.parts if isinstance(w, StackedTensor) else [w]
-        key = (how, tuple((p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), tuple(p.stride()))
+        key = (how, tuple(p.key if is_lazy(p) else
+                          (p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), tuple(p.stride()))
                           for p in parts))
         if key not in self.cache:
             self.cache[key] = (compute(), parts)  # the parts kept alive: their addresses stay theirs
