@@ -87,6 +87,13 @@ def verify(src) -> VerifyReport:
     cf = read_circle(src)
     checker = _Checker(cf)
     checker.run()
+    for k in range(1, cf.num_subgraphs if not checker.problems else 0):
+        # one subgraph per entry point (an LLM package's model.circle: subgraph 0 dispatches
+        # through IF, circle_fx/emit/entry_points.py): each is checked as a model of its own
+        sub = _Checker(read_circle(src, subgraph=k))
+        sub.run()
+        checker.problems += [f"subgraph {k}: {p}" for p in sub.problems]
+        checker.shape_checked += sub.shape_checked
     if checker.problems:
         name = src if isinstance(src, str) else "Circle model"
         listed = checker.problems[:_MAX_LISTED]
@@ -154,8 +161,15 @@ class _Checker:
     # -------------------------------------------------------------- checks
     def run(self) -> None:
         cf = self.cf
-        if cf.num_subgraphs != 1:
-            self.bad(f"model has {cf.num_subgraphs} subgraphs; circle_fx emits exactly one")
+        if cf.num_subgraphs != 1 and not any(op.builtin_code == BO.IF for op in cf.operators) and cf.subgraph == 0:
+            self.bad(f"model has {cf.num_subgraphs} subgraphs and subgraph 0 calls none of them (no IF): "
+                     "circle_fx emits one subgraph, or one per entry point behind an IF")
+        for op in cf.operators:
+            if op.builtin_code == BO.IF:
+                o = self.options(op, "IfOptions") if op.raw.BuiltinOptions() is not None else None
+                branches = (o.ThenSubgraphIndex(), o.ElseSubgraphIndex()) if o is not None else ()
+                if not branches or not all(0 < b < cf.num_subgraphs and b != cf.subgraph for b in branches):
+                    self.bad(f"operator {op.index} IF: branch subgraphs {branches} not in 1..{cf.num_subgraphs - 1}")
         self.check_tensors()
         self.check_quantization()
         self.check_buffers()
@@ -303,7 +317,9 @@ class _Checker:
             self.check_options(op, where)
             self.check_block_uses(op, where)
         for i in cf.outputs:
-            if self.valid_tensor(i) and i not in produced_by:
+            # an entry point's branch fills the other entry point's IF output slots with zero
+            # constants (emit/entry_points.py): a constant output only in a branch subgraph
+            if self.valid_tensor(i) and i not in produced_by and not (cf.subgraph > 0 and self.is_const(i)):
                 self.bad(f"graph output {self.tname(i)} is not produced by any operator")
         return ok
 
