@@ -99,6 +99,22 @@ def _union_buffers(builders) -> tuple[list, list[dict]]:
     return kept, [{old: final(new) for old, new in m.items()} for m in maps]
 
 
+def _share(mb: DispatchBuilder) -> None:
+    """Merge buffers with equal bytes across every subgraph's tensors (metadata not yet added)."""
+    dups = duplicates(mb.buffers)
+    if not dups:
+        return
+    renumber, kept = {}, []
+    for i, arr in enumerate(mb.buffers):
+        if i not in dups:
+            renumber[i] = len(kept)
+            kept.append(arr)
+    for g in (mb, *mb.subgraphs):
+        for t in g.tensors:
+            t.buffer = renumber[dups.get(t.buffer, t.buffer)]
+    mb.buffers = kept
+
+
 def _unique(name: str, taken: set) -> str:
     out, k = name, 1
     while out in taken:
@@ -182,6 +198,7 @@ def dispatch(entries: list[tuple[str, ModelBuilder]]) -> DispatchBuilder:
         lim = own.limits or {}
         limits.update({k: v for k, v in lim.items() if k != "inputs"})
         limits["inputs"].update({f"{name}.{k}": v for k, v in (lim.get("inputs") or {}).items()})
+    _share(mb)  # the zero constants may repeat a constant of an entry point
     mb.limits = limits
     data = json.dumps(limits, sort_keys=True).encode()
     mb.buffers.append(np.frombuffer(data, np.uint8).copy())

@@ -70,8 +70,15 @@ class LLMRunner:
         self.eos_token_ids = list(m.get("eos_token_ids") or [])
         self.pad = m.get("pad_token_id") or 0
         self._text = None
-        self.decode = _Session(os.path.join(self.directory, m["decode"]["file"]))
-        self.prefill = _Session(os.path.join(self.directory, m["prefill"]["file"]))
+        self._entry = None
+        if m.get("version", 1) >= 2:  # model.circle: one session serves both entry points (its IF)
+            self.decode = self.prefill = _Session(os.path.join(self.directory, m["file"]))
+            self._entry = np.zeros((1,), np.bool_)
+            self.decode.bind(m["entry"]["index"], self._entry)
+            self._entry_value = {part: bool(m["entry"][part]) for part in ("prefill", "decode")}
+        else:  # version 1: prefill.circle + decode.circle, a session each
+            self.decode = _Session(os.path.join(self.directory, m["decode"]["file"]))
+            self.prefill = _Session(os.path.join(self.directory, m["prefill"]["file"]))
         din = {e["name"]: e["index"] for e in m["decode"]["inputs"]}
         self._dout = {e["name"]: e["index"] for e in m["decode"]["outputs"]}
         pin = {e["name"]: e["index"] for e in m["prefill"]["inputs"]}
@@ -118,7 +125,7 @@ class LLMRunner:
         self._plast[0] = n - 1
         if self.recompute:  # the decode window holds every id so far
             self._id[0, :n] = ids
-        self.prefill.run()
+        self._run(self.prefill, "prefill")
         if n < self.prefill_len and not self.prefill_pads:
             raise InputError(f"this model carries conv / recurrent state: its prefill takes exactly "
                              f"{self.prefill_len} ids (a padded prompt would leave the state after the padding), got {n}")
@@ -138,13 +145,18 @@ class LLMRunner:
             check_index_range("input_ids", np.asarray([token]), self._id_range["decode"])
         self._id[0, position if self.recompute else 0] = token
         self._pos[0] = position
-        self.decode.run()
+        self._run(self.decode, "decode")
         for out, cache, carry in self._writes:
             if carry == "position":
                 self.caches[cache][:, :, position, :] = self.decode.output(self._dout[out])[:, :, 0, :]
             else:
                 self.caches[cache][...] = self.decode.output(self._dout[out])
         return self.decode.output(self._dout["logits"]).reshape(-1)
+
+    def _run(self, session: _Session, part: str) -> None:
+        if self._entry is not None:
+            self._entry[0] = self._entry_value[part]
+        session.run()
 
     # ------------------------------------------------------------ generation
     #: one prefill call costs about FIXED + PER_ROW * prefill_len decode steps (the padded
