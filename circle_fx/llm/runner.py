@@ -14,6 +14,7 @@ bug with uint8 inputs (matrix, note 1), should a quantized package ever take one
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -273,13 +274,9 @@ def _index_range(part: dict, name: str, vocab: int) -> tuple[int, int]:
 
 
 def _as_ids(input_ids) -> list[int]:
-    try:
-        import torch
-
-        if isinstance(input_ids, torch.Tensor):
-            input_ids = input_ids.detach().cpu().numpy()
-    except ImportError:  # pragma: no cover
-        pass
+    torch = sys.modules.get("torch")  # a torch tensor implies torch is loaded: never import it here
+    if torch is not None and isinstance(input_ids, torch.Tensor):
+        input_ids = input_ids.detach().cpu().numpy()
     arr = np.asarray(input_ids)
     if arr.ndim == 2:
         if arr.shape[0] != 1:
