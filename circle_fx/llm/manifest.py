@@ -1,7 +1,17 @@
 """The package manifest (``manifest.json``): everything a C++ or Python host needs to
-drive the two Circle files without Python-side knowledge of the model.
+drive the package's Circle file without Python-side knowledge of the model.
 
-Schema (``format: "circle_fx.llm"``, ``version: 1``)::
+Version 2 (written now; docs/llm-package.md compares it with ONE's layout field by field): one
+``model.circle`` whose subgraph 0 is an IF dispatch over the two entry points (subgraph 1
+``prefill``, 2 ``decode``, each with its SignatureDef); top-level ``"file": "model.circle"``,
+``"config": "config.json"``, ``"entry": {"input": "entry", "index": 0, "prefill": true, "decode":
+false}`` (the bool input choosing the entry point), ``"signatures"``; ``prefill``/``decode`` have
+``"subgraph"`` instead of ``"file"``, and their ``index`` values are subgraph 0's slots (inputs:
+``entry``, every prefill input, every decode input; outputs: every prefill output, then every
+decode output). Bind every input once; after a run read only the outputs of the entry point run.
+Version 1 (still read): ``prefill.circle`` and ``decode.circle``, a session each, as below.
+
+Schema (``format: "circle_fx.llm"``, ``version: 1``; version 2 as said above)::
 
     {
       "format": "circle_fx.llm", "version": 1,
