@@ -66,10 +66,11 @@ def _key(buf):
     return tuple((p.__array_interface__["data"][0], p.nbytes, p.dtype.str) for p in buf.parts)
 
 
-def _union_buffers(builders) -> tuple[list, list[dict]]:
-    """Every builder's constant buffers in one list, each distinct one once: ``(buffers, maps)``
-    with ``maps[k][old index] = new index``. Metadata buffers are left out (the caller writes one)."""
-    flat, owner, stacked = [None], [], {}
+def _union_buffers(builders, extra: list) -> tuple[list, list[dict], list[int]]:
+    """Every builder's constant buffers and the ``extra`` arrays in one list, each distinct one
+    once: ``(buffers, maps, extra indices)`` with ``maps[k][old index] = new index``. Metadata
+    buffers are left out (the caller writes one)."""
+    flat, stacked = [None], {}
     maps = []
     for b in builders:
         meta = set(b.metadata.values())
@@ -89,6 +90,8 @@ def _union_buffers(builders) -> tuple[list, list[dict]]:
                 m[i] = len(flat)
                 flat.append(arr)
         maps.append(m)
+    first_extra = len(flat)
+    flat.extend(extra)
     dups = duplicates(flat)
     kept, renumber = [], {}
     for i, arr in enumerate(flat):
@@ -96,23 +99,8 @@ def _union_buffers(builders) -> tuple[list, list[dict]]:
             renumber[i] = len(kept)
             kept.append(arr)
     final = lambda i: renumber[dups.get(i, i)]  # noqa: E731
-    return kept, [{old: final(new) for old, new in m.items()} for m in maps]
-
-
-def _share(mb: DispatchBuilder) -> None:
-    """Merge buffers with equal bytes across every subgraph's tensors (metadata not yet added)."""
-    dups = duplicates(mb.buffers)
-    if not dups:
-        return
-    renumber, kept = {}, []
-    for i, arr in enumerate(mb.buffers):
-        if i not in dups:
-            renumber[i] = len(kept)
-            kept.append(arr)
-    for g in (mb, *mb.subgraphs):
-        for t in g.tensors:
-            t.buffer = renumber[dups.get(t.buffer, t.buffer)]
-    mb.buffers = kept
+    return kept, [{old: final(new) for old, new in m.items()} for m in maps], \
+        [final(first_extra + k) for k in range(len(extra))]
 
 
 def _unique(name: str, taken: set) -> str:
@@ -129,17 +117,16 @@ def dispatch(entries: list[tuple[str, ModelBuilder]]) -> DispatchBuilder:
     if len(entries) != 2:
         raise ValueError(f"dispatch takes two entry points (one IF), got {len(entries)}")
     (a_name, a), (b_name, b) = entries
-    buffers, maps = _union_buffers([a, b])
+    # the zeros each branch puts in the other's output slots: the decode shapes (then branch),
+    # one element (else branch); stored with the weights, so equal bytes are one buffer
+    slot_shapes = [(list(b.tensors[i].shape), b.tensors[i].type) for i in b.outputs] + \
+        [([1] * len(a.tensors[i].shape), a.tensors[i].type) for i in a.outputs]
+    buffers, maps, zero_idx = _union_buffers([a, b], [np.zeros(sh, CIRCLE_TO_NUMPY[t]) for sh, t in slot_shapes])
     mb = DispatchBuilder(buffers=buffers)
-    zeros: dict = {}
+    zeros = {(tuple(sh), t): k for (sh, t), k in zip(slot_shapes, zero_idx)}
 
     def zero_buffer(shape, ttype):
-        arr = np.zeros(shape, CIRCLE_TO_NUMPY[ttype])
-        key = (arr.nbytes,)
-        if key not in zeros:
-            zeros[key] = len(mb.buffers)
-            mb.buffers.append(arr)
-        return zeros[key]
+        return zeros[(tuple(shape), ttype)]
 
     def branch(name, own, bmap, other_name, other, other_is_else):
         tensors = [replace(t, buffer=bmap.get(t.buffer, 0), shape=list(t.shape)) for t in own.tensors]
@@ -176,18 +163,15 @@ def dispatch(entries: list[tuple[str, ModelBuilder]]) -> DispatchBuilder:
     # subgraph 0: entry (bool [1]) + every input of both -> IF -> every output slot of both
     mb.tensors.append(TensorInfo(ENTRY_INPUT, [1], TT.BOOL))
     mb.inputs, mb.input_names = [0], [ENTRY_INPUT]
-    for name, own in ((a_name, a), (b_name, b)):
-        for i, n in zip(own.inputs, own.input_names):
-            t = own.tensors[i]
-            mb.tensors.append(TensorInfo(f"{name}.{n}", list(t.shape), t.type, 0, t.shape_signature, t.quantization))
-            mb.inputs.append(len(mb.tensors) - 1)
-            mb.input_names.append(f"{name}.{n}")
-    for name, own in ((a_name, a), (b_name, b)):
-        for i, n in zip(own.outputs, own.output_names):
-            t = own.tensors[i]
-            mb.tensors.append(TensorInfo(f"{name}.{n}", list(t.shape), t.type, 0, t.shape_signature, t.quantization))
-            mb.outputs.append(len(mb.tensors) - 1)
-            mb.output_names.append(f"{name}.{n}")
+    for which in ("inputs", "outputs"):
+        slots, names = (mb.inputs, mb.input_names) if which == "inputs" else (mb.outputs, mb.output_names)
+        for name, own in ((a_name, a), (b_name, b)):
+            for i, n in zip(getattr(own, which), getattr(own, f"{which[:-1]}_names")):
+                t = own.tensors[i]
+                mb.tensors.append(TensorInfo(f"{name}.{n}", list(t.shape), t.type, 0, t.shape_signature,
+                                             t.quantization))
+                slots.append(len(mb.tensors) - 1)
+                names.append(f"{name}.{n}")
     opts = circle.IfOptions.IfOptionsT()
     opts.thenSubgraphIndex, opts.elseSubgraphIndex = 1, 2
     mb.operators = [OperatorInfo(BO.IF, list(mb.inputs), list(mb.outputs), opts)]
@@ -198,7 +182,6 @@ def dispatch(entries: list[tuple[str, ModelBuilder]]) -> DispatchBuilder:
         lim = own.limits or {}
         limits.update({k: v for k, v in lim.items() if k != "inputs"})
         limits["inputs"].update({f"{name}.{k}": v for k, v in (lim.get("inputs") or {}).items()})
-    _share(mb)  # the zero constants may repeat a constant of an entry point
     mb.limits = limits
     data = json.dumps(limits, sort_keys=True).encode()
     mb.buffers.append(np.frombuffer(data, np.uint8).copy())
