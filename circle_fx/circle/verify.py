@@ -164,12 +164,6 @@ class _Checker:
         if cf.num_subgraphs != 1 and not any(op.builtin_code == BO.IF for op in cf.operators) and cf.subgraph == 0:
             self.bad(f"model has {cf.num_subgraphs} subgraphs and subgraph 0 calls none of them (no IF): "
                      "circle_fx emits one subgraph, or one per entry point behind an IF")
-        for op in cf.operators:
-            if op.builtin_code == BO.IF:
-                o = self.options(op, "IfOptions") if op.raw.BuiltinOptions() is not None else None
-                branches = (o.ThenSubgraphIndex(), o.ElseSubgraphIndex()) if o is not None else ()
-                if not branches or not all(0 < b < cf.num_subgraphs and b != cf.subgraph for b in branches):
-                    self.bad(f"operator {op.index} IF: branch subgraphs {branches} not in 1..{cf.num_subgraphs - 1}")
         self.check_tensors()
         self.check_quantization()
         self.check_buffers()
@@ -519,6 +513,18 @@ def _rms_norm(c: _Checker, op: OperatorView):
     return _expect(c.dims(op.outputs[0]), x)
 
 
+def _if(c: _Checker, op: OperatorView):
+    """IF (the entry-point dispatch of a multi-subgraph file, emit/entry_points.py): a bool
+    one-element condition first, then/else naming other subgraphs of the file."""
+    if not op.inputs or c.cf.tensors[op.inputs[0]].type != TT.BOOL or _numel(c.dims(op.inputs[0])) != 1:
+        return "the first input (the condition) must be a one-element BOOL tensor"
+    o = c.options(op, "IfOptions")
+    branches = (o.ThenSubgraphIndex(), o.ElseSubgraphIndex())
+    if not all(0 <= b < c.cf.num_subgraphs and b != c.cf.subgraph for b in branches):
+        return f"branch subgraphs {branches} are not other subgraphs of the file (0..{c.cf.num_subgraphs - 1})"
+    return None
+
+
 def _rope(c: _Checker, op: OperatorView):
     """onert's ROPE: 4-D x with an even last dim D, inputs (x, sin, cos), 4-D tables ending in D;
     it applies the tables' first row to every position, so more than one row is silently wrong."""
@@ -754,6 +760,7 @@ _UNARY = limits.UNARY_ELEMENTWISE
 
 _RULES = {getattr(BO, n): _elementwise for n in _ELEMENTWISE if hasattr(BO, n)}
 _RULES.update({getattr(BO, n): _same_as_input for n in _UNARY if hasattr(BO, n)})
+_RULES[BO.IF] = _if
 _RULES.update({BO.DEQUANTIZE: _dequantize, BO.RMS_NORM: _rms_norm, BO.ROPE: _rope, BO.FULLY_CONNECTED: _fully_connected,
                BO.BATCH_MATMUL: _batch_matmul, BO.RESHAPE: _reshape, BO.TRANSPOSE: _transpose,
                BO.CONCATENATION: _concatenation, BO.GATHER: _gather, BO.MEAN: _reduce, BO.SUM: _reduce,
