@@ -135,8 +135,12 @@ sys.path.insert(0, {root!r})
 from circle_fx.llm.runner import _Session
 from circle_fx.llm import manifest as mf
 m = mf.read({pkg!r})
-s = _Session({pkg!r} + "/" + m["decode"]["file"])
-arrays = []
+s = _Session({pkg!r} + "/" + (m.get("file") or m["decode"]["file"]))  # version 2: model.circle
+arrays, keep = [], []
+if "entry" in m:  # one file: the entry flag (False: decode) and the prefill inputs bound too
+    flag = np.zeros(1, np.bool_); keep.append(flag); s.bind(m["entry"]["index"], flag)
+    for e in m["prefill"]["inputs"]:
+        a = np.zeros(e["shape"], e["dtype"]); keep.append(a); s.bind(e["index"], a)
 for e in m["decode"]["inputs"]:
     a = np.zeros(e["shape"], e["dtype"]); arrays.append(a); s.bind(e["index"], a)
 pos = arrays[[e["name"] for e in m["decode"]["inputs"]].index("position")]

@@ -119,3 +119,17 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
         cm.check()
         report.timings["verify"] = time.perf_counter() - t3
     return cm
+
+
+def entry_points(models: list, verify: bool = True) -> CircleModel:
+    """One Circle model holding two exported models as entry points ``[(name, CircleModel), ...]``:
+    a subgraph and a SignatureDef each, every distinct constant buffer stored once, and subgraph
+    0 an IF on a bool ``entry`` input that runs the first (True) or the second (False), so one
+    onert 0.1.0 session serves both (circle_fx/emit/entry_points.py says how and why)."""
+    from .emit.entry_points import dispatch
+
+    builder = dispatch([(name, cm.builder) for name, cm in models])
+    cm = CircleModel(builder, serialize(builder), ExportReport())
+    if verify:
+        cm.check()
+    return cm

@@ -106,7 +106,10 @@ def ggml_unsupported_reason() -> str | None:
 
 
 def has_block_tensors(path) -> bool:
-    return any(ggml.block_type(t.type) is not None for t in read_circle(path).tensors)
+    """Does any subgraph hold GGML block tensors (an LLM package's entry points are subgraphs 1, 2)?"""
+    cf = read_circle(path)
+    graphs = [cf] + [read_circle(path, subgraph=k) for k in range(1, cf.num_subgraphs)]
+    return any(ggml.block_type(t.type) is not None for g in graphs for t in g.tensors)
 
 
 def idle_cores(cores: int, loadavg: str) -> int:

@@ -111,6 +111,7 @@ _ROWS = [
     CircleOp("SPLIT", "split", types=((1,), _F32_INTS)),
     CircleOp("MAX_POOL_2D", "pool_2d"),
     CircleOp("AVERAGE_POOL_2D", "pool_2d"),
+    CircleOp("IF", "if"),  # the entry-point dispatch of a multi-subgraph file (emit/entry_points.py)
 ]
 
 #: Circle name -> its row

@@ -92,6 +92,10 @@ class CircleFile:
     signature_outputs: list[tuple[str, int]] = field(default_factory=list)
     num_subgraphs: int = 1
     file_size: int = 0
+    #: which subgraph ``tensors``/``operators``/``inputs``/``outputs`` are (``read_circle(subgraph=k)``)
+    subgraph: int = 0
+    #: ``(key, subgraph index)`` of every SignatureDef, in file order
+    signatures: list = field(default_factory=list)
     #: Circle metadata entries: name -> the bytes of the buffer it names (None if out of range)
     metadata: dict = field(default_factory=dict)
 
@@ -126,16 +130,18 @@ def file_bytes(src) -> bytes | memoryview:
     return memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if os.path.getsize(path) else memoryview(b"")
 
 
-def read_circle(src) -> CircleFile:
-    """Parse a Circle file (path, bytes or memoryview) into a :class:`CircleFile`.
+def read_circle(src, subgraph: int = 0) -> CircleFile:
+    """Parse a Circle file (path, bytes or memoryview) into a :class:`CircleFile`: the model's
+    tables and subgraph ``subgraph`` (0: the one onert runs; an LLM package's ``model.circle``
+    has one per entry point, circle_fx/emit/entry_points.py), with the SignatureDef naming it.
 
     A file that is not a well-formed Circle flatbuffer raises :class:`VerifyError` (naming
     the path when ``src`` is one), never a lower-level exception."""
     if isinstance(src, (bytes, bytearray, memoryview)):
-        return _read(src)
+        return _read(src, subgraph)
     path = os.fspath(src)
     try:
-        return _read(path)
+        return _read(path, subgraph)
     except VerifyError as e:
         if str(e).startswith(path):
             raise
@@ -220,7 +226,7 @@ class _Flat:
 _I32, _U32, _U16 = struct.Struct("<i"), struct.Struct("<I"), struct.Struct("<H")
 
 
-def _read(src) -> CircleFile:
+def _read(src, subgraph: int = 0) -> CircleFile:
     buf = file_bytes(src)
     if len(buf) < 8:
         raise VerifyError(f"not a Circle file: only {len(buf)} bytes")
@@ -229,14 +235,14 @@ def _read(src) -> CircleFile:
         raise VerifyError(f"not a Circle file: identifier {raw[4:8]!r}")
     check_flatbuffer(buf)  # after this, every read below stays inside the file
     try:
-        return _parse(_Flat(buf), len(buf))
+        return _parse(_Flat(buf), len(buf), subgraph)
     except VerifyError:
         raise
     except Exception as e:
         raise VerifyError(f"Circle flatbuffer could not be parsed: {type(e).__name__}: {e}") from e
 
 
-def _parse(r: _Flat, size: int) -> CircleFile:
+def _parse(r: _Flat, size: int, subgraph: int = 0) -> CircleFile:
     M, OC, B, SG, T, O, Q = (fields(n) for n in ("Model", "OperatorCode", "Buffer", "SubGraph", "Tensor",
                                                  "Operator", "QuantizationParameters"))
     m = r.table(_U32.unpack_from(r.buf, 0)[0])
@@ -255,9 +261,9 @@ def _parse(r: _Flat, size: int) -> CircleFile:
         buffers.append(BufferView(i, int(data.size), 0, data) if data is not None and data.size
                        else BufferView(i, 0, 0, None))
     subgraphs = r.tables(m, M["Subgraphs"])
-    sg = subgraphs[0] if subgraphs else None
-    if sg is None:
+    if not subgraphs:
         raise IndexError("the model has no subgraph")
+    sg = subgraphs[subgraph]
     tensors = []
     for i, t in enumerate(r.tables(sg, SG["Tensors"])):
         name = r.string(t, T["Name"])
@@ -273,13 +279,19 @@ def _parse(r: _Flat, size: int) -> CircleFile:
                                       opcode_index=idx, _at=(r.buf, o[0])))
     sig_in, sig_out = [], []
     sigs = r.tables(m, M["SignatureDefs"])
+    signatures = []
     if sigs:
         SD, TM = fields("SignatureDef"), fields("TensorMap")
+        signatures = [((r.string(d, SD["SignatureKey"]) or b"").decode(errors="replace"),
+                       r.scalar(d, SD["SubgraphIndex"])) for d in sigs]
+        # the signature naming this subgraph (a one-subgraph file: its only one, whatever its index says)
+        mine = next((d for d, (_, k) in zip(sigs, signatures) if k == subgraph), sigs[0] if subgraph == 0 else None)
 
         def entries(key):  # a missing name decodes like the accessor's None.decode(): an error
             return [(_decode(r.string(e, TM["Name"])), r.scalar(e, TM["TensorIndex"]))
-                    for e in r.tables(sigs[0], SD[key])]
-        sig_in, sig_out = entries("Inputs"), entries("Outputs")
+                    for e in r.tables(mine, SD[key])]
+        if mine is not None:
+            sig_in, sig_out = entries("Inputs"), entries("Outputs")
     metadata = {}
     MD = fields("Metadata")
     for entry in r.tables(m, M["Metadata"]):
@@ -291,7 +303,8 @@ def _parse(r: _Flat, size: int) -> CircleFile:
         description=(r.string(m, M["Description"]) or b"").decode(errors="replace"),
         tensors=tensors, operators=operators, buffers=buffers, opcodes=opcodes,
         inputs=r.vector(sg, SG["Inputs"]) or [], outputs=r.vector(sg, SG["Outputs"]) or [],
-        signature_inputs=sig_in, signature_outputs=sig_out, num_subgraphs=len(subgraphs), file_size=size)
+        signature_inputs=sig_in, signature_outputs=sig_out, num_subgraphs=len(subgraphs), file_size=size,
+        subgraph=subgraph, signatures=signatures)
 
 
 def _decode(raw: bytes | None) -> str:

@@ -94,6 +94,13 @@ def verify(src) -> VerifyReport:
     cf = read_circle(src)
     checker = _Checker(cf)
     checker.run()
+    for k in range(1, cf.num_subgraphs if not checker.problems else 0):
+        # one subgraph per entry point (an LLM package's model.circle: subgraph 0 dispatches
+        # through IF, circle_fx/emit/entry_points.py): each is checked as a model of its own
+        sub = _Checker(read_circle(src, subgraph=k))
+        sub.run()
+        checker.problems += [f"subgraph {k}: {p}" for p in sub.problems]
+        checker.shape_checked += sub.shape_checked
     if checker.problems:
         name = src if isinstance(src, str) else "Circle model"
         listed = checker.problems[:_MAX_LISTED]
@@ -166,8 +173,9 @@ class _Checker:
     # -------------------------------------------------------------- checks
     def run(self) -> None:
         cf = self.cf
-        if cf.num_subgraphs != 1:
-            self.bad(f"model has {cf.num_subgraphs} subgraphs; circle_fx emits exactly one")
+        if cf.num_subgraphs != 1 and not any(op.builtin_code == BO.IF for op in cf.operators) and cf.subgraph == 0:
+            self.bad(f"model has {cf.num_subgraphs} subgraphs and subgraph 0 calls none of them (no IF): "
+                     "circle_fx emits one subgraph, or one per entry point behind an IF")
         self.check_tensors()
         self.check_quantization()
         self.check_buffers()
@@ -320,7 +328,9 @@ class _Checker:
             for i in op.inputs:
                 readers.setdefault(i, []).append(op.index)
         for i in cf.outputs:
-            if self.valid_tensor(i) and i not in produced_by:
+            # an entry point's branch fills the other entry point's IF output slots with zero
+            # constants (emit/entry_points.py): a constant output only in a branch subgraph
+            if self.valid_tensor(i) and i not in produced_by and not (cf.subgraph > 0 and self.is_const(i)):
                 self.bad(f"graph output {self.tname(i)} is not produced by any operator")
             elif (why := limits.output_read_problem(readers.get(i, []))) is not None:
                 self.bad(f"graph output {self.tname(i)}: {why}")
@@ -531,6 +541,18 @@ def _rms_norm(c: _Checker, op: OperatorView):
         if len(g) != 1 or not _same(g[0], x[-1]):
             return f"gamma shape {_fmt(g)} should be [{x[-1]}]"
     return _expect(c.dims(op.outputs[0]), x)
+
+
+def _if(c: _Checker, op: OperatorView):
+    """IF (the entry-point dispatch of a multi-subgraph file, emit/entry_points.py): a bool
+    one-element condition first, then/else naming other subgraphs of the file."""
+    if not op.inputs or c.cf.tensors[op.inputs[0]].type != TT.BOOL or _numel(c.dims(op.inputs[0])) != 1:
+        return "the first input (the condition) must be a one-element BOOL tensor"
+    o = c.options(op, "IfOptions")
+    branches = (o.ThenSubgraphIndex(), o.ElseSubgraphIndex())
+    if not all(0 <= b < c.cf.num_subgraphs and b != c.cf.subgraph for b in branches):
+        return f"branch subgraphs {branches} are not other subgraphs of the file (0..{c.cf.num_subgraphs - 1})"
+    return None
 
 
 def _rope(c: _Checker, op: OperatorView):
@@ -860,5 +882,5 @@ SHAPE_RULES = {"elementwise": _elementwise, "same_as_input": _same_as_input, "de
                "concatenation": _concatenation, "gather": _gather, "reduce": _reduce,
                "strided_slice": _strided_slice, "slice": _slice, "tile": _tile, "pad": _pad,
                "broadcast_to": _broadcast_to, "arg_max": _arg_max, "conv_2d": _conv_2d, "split": _split,
-               "depthwise_conv_2d": _depthwise_conv_2d, "pool_2d": _pool_2d}
+               "depthwise_conv_2d": _depthwise_conv_2d, "pool_2d": _pool_2d, "if": _if}
 

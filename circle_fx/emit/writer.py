@@ -164,8 +164,9 @@ def _inline_size_estimate(mb: ModelBuilder) -> int:
 
 
 def _tables_size_estimate(mb: ModelBuilder) -> int:
-    tables = sum(len(t.name) + 8 * len(t.shape) + 96 for t in mb.tensors)
-    tables += sum(8 * (len(op.inputs) + len(op.outputs)) + 160 for op in mb.operators)
+    graphs = [mb, *getattr(mb, "subgraphs", ())]
+    tables = sum(len(t.name) + 8 * len(t.shape) + 96 for g in graphs for t in g.tensors)
+    tables += sum(8 * (len(op.inputs) + len(op.outputs)) + 160 for g in graphs for op in g.operators)
     return 32 * len(mb.buffers) + tables + (1 << 16)
 
 
@@ -202,8 +203,11 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
             C.Buffer.BufferAddSize(b, arr.nbytes)
         buffer_tables.append(_Prebuilt(C.Buffer.BufferEnd(b)))
 
+    # an LLM package's model.circle: subgraph 0 dispatches to one subgraph per entry point
+    # (emit/entry_points.py); they share mb.buffers
+    graphs = [(mb, "main", "serving_default")] + [(g, g.name, g.name) for g in getattr(mb, "subgraphs", ())]
     codes, code_index = [], {}
-    for op in mb.operators:
+    for op in (op for g, _, _ in graphs for op in g.operators):
         if op.code not in code_index:
             oc = C.OperatorCode.OperatorCodeT()
             oc.builtinCode = op.code
@@ -211,26 +215,27 @@ def _pack(mb: ModelBuilder, description: str, offsets: dict | None, reserve: int
             oc.version = 1
             code_index[op.code] = len(codes)
             codes.append(oc)
-    tensors = [_Prebuilt(_tensor(b, t)) for t in mb.tensors]
-    operators = [_Prebuilt(_operator(b, op, code_index[op.code])) for op in mb.operators]
-
-    sg = C.SubGraph.SubGraphT()
-    sg.tensors, sg.inputs, sg.outputs, sg.operators = tensors, mb.inputs, mb.outputs, operators
-    sg.name = "main"
-
-    sig = C.SignatureDef.SignatureDefT()
-    sig.signatureKey = "serving_default"
-    sig.subgraphIndex = 0
-    sig.inputs = [_tensor_map(n, i) for n, i in zip(mb.input_names, mb.inputs)]
-    sig.outputs = [_tensor_map(n, i) for n, i in zip(mb.output_names, mb.outputs)]
+    subgraphs, signatures = [], []
+    for k, (g, name, key) in enumerate(graphs):
+        sg = C.SubGraph.SubGraphT()
+        sg.tensors = [_Prebuilt(_tensor(b, t)) for t in g.tensors]
+        sg.operators = [_Prebuilt(_operator(b, op, code_index[op.code])) for op in g.operators]
+        sg.inputs, sg.outputs, sg.name = g.inputs, g.outputs, name
+        subgraphs.append(sg)
+        sig = C.SignatureDef.SignatureDefT()
+        sig.signatureKey = getattr(mb, "main_signature", key) if k == 0 else key
+        sig.subgraphIndex = k
+        sig.inputs = [_tensor_map(n, i) for n, i in zip(g.input_names, g.inputs)]
+        sig.outputs = [_tensor_map(n, i) for n, i in zip(g.output_names, g.outputs)]
+        signatures.append(sig)
 
     m = C.Model.ModelT()
     m.version = 0
     m.description = description
     m.operatorCodes = codes
-    m.subgraphs = [sg]
+    m.subgraphs = subgraphs
     m.buffers = buffer_tables
-    m.signatureDefs = [sig]
+    m.signatureDefs = signatures
     if mb.metadata:
         m.metadata = []
         for name, buffer in mb.metadata.items():

@@ -50,8 +50,8 @@ def cmd_export_llm(args) -> int:
     m = pkg.manifest
     text = "tokenizer + chat template" if (m.get("text") or {}).get("chat_template") else \
         "tokenizer" if (m.get("text") or {}).get("tokenizer") else "no tokenizer (ids only)"
-    print(f"wrote {args.output}: prefill.circle ({pkg.prefill.size:,} bytes), decode.circle "
-          f"({pkg.decode.size:,} bytes), manifest.json, {text}; max_seq_len {m['max_seq_len']}, "
+    print(f"wrote {args.output}: model.circle ({pkg.model.size:,} bytes: prefill and decode entry points, "
+          f"each weight once), config.json, manifest.json, {text}; max_seq_len {m['max_seq_len']}, "
           f"prefill_len {m['prefill_len']}, {m['model']['num_layers']} layers, "
           f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}")
     for line in quant_options.override_report(pkg.decode):

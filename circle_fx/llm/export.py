@@ -363,10 +363,15 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
                 decode, prefill = _export_recompute(model, spec, rope_op, plan)
     finally:
         model.train(training)
-    manifest = build_manifest(model, spec, decode, prefill, eos_token_ids)
-    manifest["weights"] = mf.weights_entry(plan.weights, decode, prefill)
-    manifest["text"] = text
-    return LLMPackage(manifest, decode=decode, prefill=prefill, assets=assets)
+    # one file: both entry points as subgraphs sharing every weight, one onert session (emit/entry_points.py)
+    one = api.entry_points([("prefill", prefill), ("decode", decode)])
+    manifest = build_manifest(model, spec, decode, prefill, eos_token_ids, one=one)
+    legacy = build_manifest(model, spec, decode, prefill, eos_token_ids)  # LLMPackage.save(layout="two")
+    for m in (manifest, legacy):
+        m["weights"] = mf.weights_entry(plan.weights, decode, prefill)
+        m["text"] = text
+    assets = {**assets, mf.CONFIG_FILE: mf.config_json(model)}
+    return LLMPackage(manifest, decode=decode, prefill=prefill, assets=assets, model=one, legacy=legacy)
 
 
 @contextlib.contextmanager
@@ -393,7 +398,9 @@ def _token_ids(value) -> list[int]:
     return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
-def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) -> dict:
+def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None, one=None) -> dict:
+    """The package manifest (:mod:`~circle_fx.llm.manifest`); ``one``: the one-file model
+    (:func:`circle_fx.api.entry_points`), whose input/output slots the parts then name."""
     gen = getattr(model, "generation_config", None)
     cfg = model.config
     eos = _token_ids(eos_token_ids) if eos_token_ids is not None else _token_ids(
@@ -405,8 +412,11 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
     kv = [list(c.shape) for c in spec.caches if c.kind in ("key", "value")]
     kv_uniform = kv[0] if kv and len({tuple(v) for v in kv}) == 1 else None
     uniform = kv_uniform if len(kv) == len(shapes) else None
-    return {
-        "format": mf.FORMAT, "version": mf.VERSION,
+    def io(part, cm, which):
+        return mf.io_entries(cm.builder, which) if one is None else mf.io_entries(one.builder, which, prefix=f"{part}.")
+
+    out = {
+        "format": mf.FORMAT, "version": mf.VERSION if one is not None else 1,
         "model": {"architecture": type(model).__name__, "model_type": getattr(cfg, "model_type", None),
                   "vocab_size": spec.vocab_size, "num_layers": spec.num_layers,
                   "num_kv_heads": kv_uniform[1] if kv_uniform else None,
@@ -419,13 +429,19 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None) ->
         "cache": {"layout": "BHSD", "shape": uniform, "shapes": shapes, "dtype": "float32", "initial": 0.0,
                   "names": spec.cache_names(), "states": mf.states(spec.caches)},
         "prefill": {"file": "prefill.circle", "limits": prefill.builder.limits, "pads": spec.prefill_pads,
-                    "inputs": mf.io_entries(prefill.builder, "inputs"),
-                    "outputs": mf.io_entries(prefill.builder, "outputs"),
+                    "inputs": io("prefill", prefill, "inputs"),
+                    "outputs": io("prefill", prefill, "outputs"),
                     "cache_writes": mf.cache_writes(spec.caches, "0..length-1 -> positions 0..length-1",
                                                     0, "length")},
         "decode": {"file": "decode.circle", "limits": decode.builder.limits,
-                   "inputs": mf.io_entries(decode.builder, "inputs"),
-                   "outputs": mf.io_entries(decode.builder, "outputs"),
+                   "inputs": io("decode", decode, "inputs"),
+                   "outputs": io("decode", decode, "outputs"),
                    "cache_writes": mf.cache_writes(spec.caches, "0 -> position", "position", 1),
                    "recompute": mf.recompute_entry(spec.recompute)},
     }
+    if one is not None:
+        out.update(mf.one_file_entries(one.builder))
+        for part in ("prefill", "decode"):
+            out[part].pop("file")
+            out[part]["subgraph"] = mf.SUBGRAPHS[part]
+    return out

@@ -1,7 +1,17 @@
 """The package manifest (``manifest.json``): everything a C++ or Python host needs to
-drive the two Circle files without Python-side knowledge of the model.
+drive the package's Circle file without Python-side knowledge of the model.
 
-Schema (``format: "circle_fx.llm"``, ``version: 1``)::
+Version 2 (written now; docs/llm-package.md compares it with ONE's layout field by field): one
+``model.circle`` whose subgraph 0 is an IF dispatch over the two entry points (subgraph 1
+``prefill``, 2 ``decode``, each with its SignatureDef); top-level ``"file": "model.circle"``,
+``"config": "config.json"``, ``"entry": {"input": "entry", "index": 0, "prefill": true, "decode":
+false}`` (the bool input choosing the entry point), ``"signatures"``; ``prefill``/``decode`` have
+``"subgraph"`` instead of ``"file"``, and their ``index`` values are subgraph 0's slots (inputs:
+``entry``, every prefill input, every decode input; outputs: every prefill output, then every
+decode output). Bind every input once; after a run read only the outputs of the entry point run.
+Version 1 (still read): ``prefill.circle`` and ``decode.circle``, a session each, as below.
+
+Schema (``format: "circle_fx.llm"``, ``version: 1``; version 2 as said above)::
 
     {
       "format": "circle_fx.llm", "version": 1,
@@ -113,22 +123,58 @@ import os
 
 from ..errors import InputError
 
-FORMAT, VERSION = "circle_fx.llm", 1
+FORMAT, VERSION = "circle_fx.llm", 2
+#: the versions :func:`read` accepts: 1 = prefill.circle + decode.circle (two sessions), 2 = model.circle
+VERSIONS = (1, 2)
 FILE = "manifest.json"
+MODEL_FILE = "model.circle"
+#: transformers' config of the model, as ONE's runner (runtime/ggma) reads it
+CONFIG_FILE = "config.json"
+#: where each entry point is in model.circle (subgraph 0 is the IF dispatch onert 0.1.0 runs)
+SUBGRAPHS = {"prefill": 1, "decode": 2}
+ENTRY = {"input": "entry", "index": 0, "prefill": True, "decode": False}
 
 
-def io_entries(builder, which: str) -> list[dict]:
-    """Name/slot/shape/dtype of a built model's inputs or outputs."""
+def io_entries(builder, which: str, prefix: str | None = None) -> list[dict]:
+    """Name/slot/shape/dtype of a built model's inputs or outputs; with ``prefix`` (one-file
+    model: ``"decode."``) only that entry point's, named without it, ``index`` the main graph's slot."""
     from ..circle.schema import CIRCLE_TO_NUMPY
 
     idxs = builder.inputs if which == "inputs" else builder.outputs
     names = builder.input_names if which == "inputs" else builder.output_names
     out = []
     for k, (name, t) in enumerate(zip(names, idxs)):
+        if prefix is not None and not name.startswith(prefix):
+            continue
         tensor = builder.tensors[t]
-        out.append({"name": name, "index": k, "shape": [int(d) for d in tensor.shape],
-                    "dtype": str(CIRCLE_TO_NUMPY[tensor.type])})
+        out.append({"name": name[len(prefix):] if prefix else name, "index": k,
+                    "shape": [int(d) for d in tensor.shape], "dtype": str(CIRCLE_TO_NUMPY[tensor.type])})
     return out
+
+
+def one_file_entries(builder) -> dict:
+    """The top-level manifest keys of a one-file package (version 2)."""
+    return {"file": MODEL_FILE, "config": CONFIG_FILE, "entry": dict(ENTRY),
+            "signatures": {"dispatch": 0, **SUBGRAPHS}}
+
+
+def config_json(model) -> str:
+    """``config.json``: the model's transformers config (what ONE's runner reads: num_hidden_layers,
+    hidden_size, num_attention_heads, vocab_size, max_position_embeddings, bos/eos_token_id)."""
+    cfg = getattr(model.config, "get_text_config", lambda: model.config)()
+    try:
+        return cfg.to_json_string(use_diff=False)
+    except Exception:  # a config with a value JSON cannot hold: the fields ONE reads
+        keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings",
+                "bos_token_id", "eos_token_id", "model_type")
+        return json.dumps({k: getattr(cfg, k, None) for k in keys}, indent=2)
+
+
+def model_files(manifest: dict) -> list[str]:
+    """The Circle files of a package: model.circle (version 2), or prefill.circle + decode.circle (1)."""
+    if manifest.get("version", 1) >= 2:
+        return [manifest["file"]]
+    return [manifest[part]["file"] for part in ("prefill", "decode")]
 
 
 def states(caches) -> list[dict]:
@@ -200,7 +246,8 @@ def weights_entry(quantize, decode, prefill) -> dict:
 def asset_files(manifest: dict) -> list[str]:
     """The text files the manifest names (tokenizer, chat template, generation config)."""
     text = manifest.get("text") or {}
-    return [text[k] for k in ("tokenizer", "chat_template", "generation_config") if text.get(k)]
+    return [text[k] for k in ("tokenizer", "chat_template", "generation_config") if text.get(k)] + (
+        [manifest["config"]] if manifest.get("config") else [])
 
 
 def write(directory: str, manifest: dict) -> str:
@@ -225,14 +272,10 @@ def read(directory: str) -> dict:
             m = json.load(f)
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: unreadable manifest: {e}") from e
-    if m.get("format") != FORMAT or m.get("version") != VERSION:
+    if m.get("format") != FORMAT or m.get("version") not in VERSIONS:
         raise InputError(f"{path}: format {m.get('format')!r} version {m.get('version')!r}; "
-                         f"this circle_fx reads {FORMAT!r} version {VERSION}")
-    for part in ("prefill", "decode"):
-        f = os.path.join(directory, m[part]["file"])
-        if not os.path.isfile(f):
-            raise InputError(f"{directory}: {m[part]['file']} is missing (named in {FILE})")
-    for name in asset_files(m):
+                         f"this circle_fx reads {FORMAT!r} versions {', '.join(map(str, VERSIONS))}")
+    for name in model_files(m) + asset_files(m):
         if not os.path.isfile(os.path.join(directory, name)):
             raise InputError(f"{directory}: {name} is missing (named in {FILE})")
     return m

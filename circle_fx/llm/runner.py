@@ -14,6 +14,7 @@ bug with uint8 inputs (matrix, note 1), should a quantized package ever take one
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -73,8 +74,15 @@ class LLMRunner:
         self.pad = m.get("pad_token_id") or 0
         self._text = None
         session = _Session if runtime is None else runtime.bound_session
-        self.decode = session(os.path.join(self.directory, m["decode"]["file"]))
-        self.prefill = session(os.path.join(self.directory, m["prefill"]["file"]))
+        self._entry = None
+        if m.get("version", 1) >= 2:  # model.circle: one session serves both entry points (its IF)
+            self.decode = self.prefill = session(os.path.join(self.directory, m["file"]))
+            self._entry = np.zeros((1,), np.bool_)
+            self.decode.bind(m["entry"]["index"], self._entry)
+            self._entry_value = {part: bool(m["entry"][part]) for part in ("prefill", "decode")}
+        else:  # version 1: prefill.circle + decode.circle, a session each
+            self.decode = session(os.path.join(self.directory, m["decode"]["file"]))
+            self.prefill = session(os.path.join(self.directory, m["prefill"]["file"]))
         din = {e["name"]: e["index"] for e in m["decode"]["inputs"]}
         self._dout = {e["name"]: e["index"] for e in m["decode"]["outputs"]}
         pin = {e["name"]: e["index"] for e in m["prefill"]["inputs"]}
@@ -121,7 +129,7 @@ class LLMRunner:
         self._plast[0] = n - 1
         if self.recompute:  # the decode window holds every id so far
             self._id[0, :n] = ids
-        self.prefill.run()
+        self._run(self.prefill, "prefill")
         if n < self.prefill_len and not self.prefill_pads:
             raise InputError(f"this model carries conv / recurrent state: its prefill takes exactly "
                              f"{self.prefill_len} ids (a padded prompt would leave the state after the padding), got {n}")
@@ -141,13 +149,18 @@ class LLMRunner:
             check_index_range("input_ids", np.asarray([token]), self._id_range["decode"])
         self._id[0, position if self.recompute else 0] = token
         self._pos[0] = position
-        self.decode.run()
+        self._run(self.decode, "decode")
         for out, cache, carry in self._writes:
             if carry == "position":
                 self.caches[cache][:, :, position, :] = self.decode.output(self._dout[out])[:, :, 0, :]
             else:
                 self.caches[cache][...] = self.decode.output(self._dout[out])
         return self.decode.output(self._dout["logits"]).reshape(-1)
+
+    def _run(self, session: _Session, part: str) -> None:
+        if self._entry is not None:
+            self._entry[0] = self._entry_value[part]
+        session.run()
 
     # ------------------------------------------------------------ generation
     #: one prefill call costs about FIXED + PER_ROW * prefill_len decode steps (the padded
@@ -264,13 +277,9 @@ def _index_range(part: dict, name: str, vocab: int) -> tuple[int, int]:
 
 
 def _as_ids(input_ids) -> list[int]:
-    try:
-        import torch
-
-        if isinstance(input_ids, torch.Tensor):
-            input_ids = input_ids.detach().cpu().numpy()
-    except ImportError:  # pragma: no cover
-        pass
+    torch = sys.modules.get("torch")  # a torch tensor implies torch is loaded: never import it here
+    if torch is not None and isinstance(input_ids, torch.Tensor):
+        input_ids = input_ids.detach().cpu().numpy()
     arr = np.asarray(input_ids)
     if arr.ndim == 2:
         if arr.shape[0] != 1:

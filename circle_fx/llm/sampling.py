@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import InputError
 
 
@@ -58,14 +60,44 @@ class Chooser:
         self.s = sampling
         self.plain_greedy = not sampling.do_sample and sampling.repetition_penalty in (None, 1.0)
         self.generator = None
-        if sampling.do_sample and sampling.seed is not None:
+        #: torch importable: transformers' exact operations and RNG; else (a device) numpy's
+        self.exact = _torch_available()
+        if not self.exact:
+            self.rng = np.random.default_rng(sampling.seed)
+        elif sampling.do_sample and sampling.seed is not None:
             import torch
 
             self.generator = torch.Generator().manual_seed(sampling.seed)
 
+    def numpy_scores(self, logits, ids: list[int]) -> np.ndarray:
+        """:meth:`process` in numpy (no torch on the host): the same processors in the same order
+        in float32; a sampled token then comes from numpy's RNG, so seeded tokens differ from
+        transformers' (greedy and the processed scores do not)."""
+        s = self.s
+        scores = np.array(logits, dtype=np.float32).reshape(-1)
+        V = scores.size
+        if s.repetition_penalty is not None and s.repetition_penalty != 1.0:
+            seen = np.unique(np.asarray([i for i in ids if 0 <= i < V], dtype=np.int64))
+            v = scores[seen]
+            scores[seen] = np.where(v < 0, v * np.float32(s.repetition_penalty), v / np.float32(s.repetition_penalty))
+        if not s.do_sample:
+            return scores
+        if s.temperature is not None and s.temperature != 1.0:
+            scores = scores / np.float32(s.temperature)
+        if s.top_k is not None:
+            k = min(s.top_k, V)
+            scores = np.where(scores < np.partition(scores, V - k)[V - k], -np.inf, scores).astype(np.float32)
+        if s.top_p is not None and s.top_p < 1.0:
+            order = np.argsort(scores, kind="stable")
+            p = np.exp(scores[order] - scores[order][-1])
+            cumulative = np.cumsum(p / p.sum())
+            remove = cumulative <= (1 - s.top_p)
+            remove[-1] = False
+            scores[order[remove]] = -np.inf
+        return scores
+
     def process(self, logits, ids: list[int]):
         """The processed scores [1, V] (float32 torch) transformers would sample from."""
-        import numpy as np
         import torch
 
         s = self.s
@@ -95,9 +127,13 @@ class Chooser:
 
     def __call__(self, logits, ids: list[int]) -> int:
         if self.plain_greedy:
-            import numpy as np
-
             return int(np.argmax(logits))
+        if not self.exact:
+            scores = self.numpy_scores(logits, ids)
+            if not self.s.do_sample:
+                return int(np.argmax(scores))
+            p = np.exp(scores - scores.max())
+            return int(self.rng.choice(scores.size, p=p / p.sum()))
         import torch
 
         scores = self.process(logits, ids)
@@ -105,3 +141,16 @@ class Chooser:
             return int(torch.argmax(scores, dim=-1))
         probs = torch.nn.functional.softmax(scores, dim=-1)
         return int(torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1))
+
+
+def _torch_available() -> bool:
+    """Is torch importable here (without importing it: 230 MB of a device's memory)?"""
+    import importlib.util
+    import sys
+
+    if "torch" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False

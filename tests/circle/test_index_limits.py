@@ -98,9 +98,11 @@ def test_llm_files_manifest_runner_and_inspect_carry_the_limits(package, capsys)
     manifest = json.load(open(os.path.join(package, "manifest.json")))
     for part, extra in (("decode", {"position": {"index_range": [0, 15]}}),
                         ("prefill", {"last_index": {"index_range": [0, 3]}})):
-        limits = read_circle(os.path.join(package, f"{part}.circle")).limits
-        assert limits == manifest[part]["limits"]
-        assert limits["max_seq_len"] == 16
+        # model.circle's limits: each entry point's inputs under the main graph's names (decode.position)
+        one = read_circle(os.path.join(package, "model.circle")).limits
+        limits = manifest[part]["limits"]
+        assert all(one["inputs"][f"{part}.{k}"] == v for k, v in limits["inputs"].items())
+        assert limits["max_seq_len"] == one["max_seq_len"] == 16
         assert limits["inputs"]["input_ids"]["index_range"] == [0, 127]
         for name, entry in extra.items():
             assert limits["inputs"][name] == entry
@@ -109,6 +111,6 @@ def test_llm_files_manifest_runner_and_inspect_carry_the_limits(package, capsys)
         runner.step(128, 0)
     with pytest.raises(InputError, match="outside 0..127"):
         runner.run_prefill([1, 500])
-    assert main(["inspect", os.path.join(package, "decode.circle"), "--only", "buffers"]) == 0
+    assert main(["inspect", os.path.join(package, "model.circle"), "--only", "buffers"]) == 0
     out = capsys.readouterr().out
     assert "input_ids values in 0..127" in out and "position values in 0..15" in out and "max_seq_len 16" in out

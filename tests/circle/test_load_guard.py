@@ -33,7 +33,7 @@ def plain_llama():
     return model
 
 
-def truncated_copy(package, tmp_path, part="decode.circle", keep=1 / 3) -> str:
+def truncated_copy(package, tmp_path, part="model.circle", keep=1 / 3) -> str:
     bad = str(tmp_path / "bad")
     shutil.copytree(package, bad)
     path = os.path.join(bad, part)
@@ -81,11 +81,11 @@ def test_truncated_decode_file_is_an_error_not_a_crash(package, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 3, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
-    assert "decode.circle" in r.stdout and "refusing to load" in r.stdout
+    assert "model.circle" in r.stdout and "refusing to load" in r.stdout
 
 
-@pytest.mark.parametrize("part", ["decode.circle", "prefill.circle"])
-def test_cli_generate_names_the_corrupt_file(package, tmp_path, capsys, part):
+def test_cli_generate_names_the_corrupt_file(package, tmp_path, capsys):
+    part = "model.circle"
     bad = truncated_copy(package, tmp_path, part)
     assert main(["generate", bad, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err
@@ -94,6 +94,6 @@ def test_cli_generate_names_the_corrupt_file(package, tmp_path, capsys, part):
 
 def test_cli_inspect_names_the_corrupt_file(package, tmp_path, capsys):
     bad = truncated_copy(package, tmp_path, keep=0.5)
-    assert main(["inspect", os.path.join(bad, "decode.circle")]) == 1
+    assert main(["inspect", os.path.join(bad, "model.circle")]) == 1
     err = capsys.readouterr().err
-    assert "decode.circle" in err and "Traceback" not in err
+    assert "model.circle" in err and "Traceback" not in err

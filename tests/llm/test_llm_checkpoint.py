@@ -51,7 +51,7 @@ def test_quantize_and_lengths(checkpoint_dir, tmp_path, capsys):
                  "--quantize", "int8-weights"]) == 0
     m = json.load(open(os.path.join(q_pkg, "manifest.json")))
     assert (m["max_seq_len"], m["prefill_len"]) == (20, 4)
-    size = lambda d: os.path.getsize(os.path.join(d, "decode.circle"))  # noqa: E731
+    size = lambda d: os.path.getsize(os.path.join(d, "model.circle"))  # noqa: E731
     assert size(q_pkg) < 0.6 * size(float_pkg)
     capsys.readouterr()
     assert main(["generate", q_pkg, "--prompt", PROMPT, "--max-new-tokens", "6", "--ignore-eos"]) == 0

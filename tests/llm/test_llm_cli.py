@@ -21,7 +21,7 @@ def package(tmp_path_factory):
 
 
 def test_export_then_generate_matches_transformers(package, capsys):
-    assert sorted(os.listdir(package)) == ["decode.circle", "generation_config.json", "manifest.json", "prefill.circle"]
+    assert sorted(os.listdir(package)) == ["config.json", "generation_config.json", "manifest.json", "model.circle"]
     capsys.readouterr()
     assert main(["generate", package, "--prompt-ids", "3,4,5,6,7", "--max-new-tokens", "12", "--ignore-eos"]) == 0
     got = [int(t) for t in capsys.readouterr().out.strip().split(",")]

@@ -53,15 +53,54 @@ def test_manifest_matches_the_circle_files(saved):
     for w in m["prefill"]["cache_writes"]:
         assert pre_out[w["output"]]["shape"] == m["cache"]["shape"][:2] + [P] + m["cache"]["shape"][3:]
         assert w["first_cache_row"] == 0 and w["count"] == "length"
-    # the slots in the manifest are the files' real input/output order and names
-    for part in ("decode", "prefill"):
-        from circle_fx.circle.runtime import OnertSession
+    # the slots in the manifest are the file's real input/output order and names: one session
+    # (subgraph 0, the IF dispatch) takes the entry flag and every entry point's inputs
+    from circle_fx.circle.runtime import OnertSession
 
-        sess = OnertSession(os.path.join(d, m[part]["file"])).session.session
-        assert sess.input_size() == len(m[part]["inputs"]) and sess.output_size() == len(m[part]["outputs"])
+    assert m["version"] == 2 and m["file"] == "model.circle" and m["entry"]["index"] == 0
+    sess = OnertSession(os.path.join(d, m["file"])).session.session
+    assert sess.input_size() == 1 + len(m["prefill"]["inputs"]) + len(m["decode"]["inputs"])
+    assert sess.output_size() == len(m["prefill"]["outputs"]) + len(m["decode"]["outputs"])
+    for part in ("decode", "prefill"):
         for e in m[part]["inputs"]:
             info = sess.input_tensorinfo(e["index"])
             assert list(info.dims[:info.rank]) == e["shape"], (part, e)
+        # each entry point is a subgraph with the SignatureDef ONE's runner looks up (merge.circles.py)
+        cf = read_circle(os.path.join(d, m["file"]), subgraph=m[part]["subgraph"])
+        assert (part, m[part]["subgraph"]) in cf.signatures
+        other = "decode." if part == "prefill" else "prefill."  # an IF branch takes every IF input
+        own = [n for n, _ in cf.signature_inputs if not n.startswith(other)]
+        assert own == [e["name"] for e in m[part]["inputs"]]
+
+
+def test_one_file_stores_each_weight_once(saved, tmp_path):
+    """model.circle holds both entry points' weights once: the two version-1 files (each with
+    every weight) minus one copy of the weights. (On this tiny model the operator and tensor
+    tables are a third of the bytes; SmolLM2's numbers are in docs/llm-package.md.)"""
+    model, pkg, d = saved
+    pkg.save(tmp_path / "two", layout="two")
+    one = os.path.getsize(os.path.join(d, "model.circle"))
+    pre, dec = (os.path.getsize(tmp_path / "two" / f) for f in ("prefill.circle", "decode.circle"))
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert one <= pre + dec - 0.9 * weights, (one, pre, dec, weights)
+    assert sum(b.nbytes for b in pkg.model.builder.constants()) <= 1.03 * weights
+    assert json.load(open(os.path.join(d, "config.json")))["num_hidden_layers"] == model.config.num_hidden_layers
+
+
+def test_old_packages_still_run(saved, tmp_path):
+    """A version-1 package (prefill.circle + decode.circle, two sessions) generates the same
+    tokens; an unknown version is refused naming it."""
+    model, pkg, d = saved
+    old = tmp_path / "old"
+    pkg.save(old, layout="two")
+    assert json.load(open(old / "manifest.json"))["version"] == 1
+    ids = [3, 4, 5, 6, 7]
+    assert LLMRunner(old).generate(ids, 6, eos_token_ids=[]) == LLMRunner(d).generate(ids, 6, eos_token_ids=[])
+    m = json.load(open(old / "manifest.json"))
+    m["version"] = 7
+    json.dump(m, open(old / "manifest.json", "w"))
+    with pytest.raises(circle_fx.InputError, match="version 7; this circle_fx reads 'circle_fx.llm' versions 1, 2"):
+        LLMRunner(old)
 
 
 def test_load_and_save_elsewhere(saved, tmp_path):
@@ -69,7 +108,7 @@ def test_load_and_save_elsewhere(saved, tmp_path):
     loaded = LLMPackage.load(d)
     assert loaded.manifest == pkg.manifest and loaded.decode is None
     loaded.save(tmp_path / "copy")
-    assert sorted(os.listdir(tmp_path / "copy")) == ["decode.circle", "generation_config.json", "manifest.json", "prefill.circle"]
+    assert sorted(os.listdir(tmp_path / "copy")) == ["config.json", "generation_config.json", "manifest.json", "model.circle"]
     ids = torch.tensor([[3, 4, 5]])
     want = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)[0].tolist()
     assert LLMRunner(tmp_path / "copy").generate(ids, 8, eos_token_ids=[]) == want
@@ -103,8 +142,8 @@ def test_errors(saved, tmp_path):
         LLMRunner(tmp_path)
     broken = tmp_path / "broken"
     LLMPackage.load(d).save(broken)
-    os.unlink(broken / "decode.circle")
-    with pytest.raises(circle_fx.InputError, match="decode.circle is missing"):
+    os.unlink(broken / "model.circle")
+    with pytest.raises(circle_fx.InputError, match="model.circle is missing"):
         LLMRunner(broken)
 
 

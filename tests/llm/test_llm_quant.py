@@ -25,7 +25,7 @@ def quantized(tmp_path_factory):
 def test_both_models_store_int8_linear_weights(quantized):
     _, pkg, directory = quantized
     for part in ("decode", "prefill"):
-        cf = read_circle(pkg.path(part))
+        cf = pkg.read(part)
         fc_weights = [cf.tensors[op.inputs[1]] for op in cf.operators if op.name == "FULLY_CONNECTED"]
         assert fc_weights and all(t.type_name == "INT8" for t in fc_weights), part
         assert sum(op.name == "RMS_NORM" for op in cf.operators) == 5, part
@@ -111,8 +111,8 @@ def test_prefill_of_16_rows_gets_q8_0_blocks_decode_keeps_int8(tmp_path):
     model = tiny("llama")
     pkg = circle_fx.export_llm(model, max_seq_len=32, prefill_len=16, quantize="int8-weights")
     pkg.save(tmp_path)
-    fc = {part: {read_circle(pkg.path(part)).tensors[op.inputs[1]].type_name
-                 for op in read_circle(pkg.path(part)).operators if op.name == "FULLY_CONNECTED"}
+    fc = {part: {pkg.read(part).tensors[op.inputs[1]].type_name
+                 for op in pkg.read(part).operators if op.name == "FULLY_CONNECTED"}
           for part in ("decode", "prefill")}
     # the prefill's lm_head runs on the last row only: 1 row, int8 (tied with the table or not)
     assert fc["decode"] == {"INT8"} and "GGML_Q8_0" in fc["prefill"], fc

@@ -39,8 +39,8 @@ def _want(model, ids, new_tokens, **kw):
 
 def test_package_names_its_text_files(package):
     files = sorted(os.listdir(package))
-    assert files == ["chat_template.jinja", "decode.circle", "generation_config.json", "manifest.json",
-                     "prefill.circle", "tokenizer.json"]
+    assert files == ["chat_template.jinja", "config.json", "generation_config.json", "manifest.json",
+                     "model.circle", "tokenizer.json"]
     text = json.load(open(os.path.join(package, "manifest.json")))["text"]
     assert text["tokenizer"] == "tokenizer.json" and text["chat_template"] == "chat_template.jinja"
     assert text["special_tokens"]["eos_token"] == "</s>"
