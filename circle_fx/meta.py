@@ -18,3 +18,8 @@ CONSTANT_NAMES = "circle_fx.constant_names"
 
 #: ``node.meta`` key forcing a linear's Circle form (:mod:`circle_fx.emit.linear_form`)
 LINEAR_FORM = "circle_fx.linear_form"
+
+#: ``node.meta`` key on an integer constant (int8/uint8 values) stored as a 4-bit Circle tensor
+#: (``"INT4"`` / ``"UINT4"``: two elements per byte, :mod:`circle_fx.circle.int4`); set by the
+#: Q/DQ pass for weights quantized into [-8, 7] / [0, 15], read by the emitter's ``ctx.tensor``
+STORAGE_4BIT = "circle_fx.storage_4bit"
