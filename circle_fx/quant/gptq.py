@@ -4,7 +4,8 @@ calibration inputs correlate them (the Hessian ``H = X^T X`` of the layer's squa
 
 Round-to-nearest minimises each weight's own error; what matters is the output error
 ``|(W - Q) X|^2``, and GPTQ's greedy column sweep with the Cholesky factor of ``H^-1`` lowers it
-severalfold at 4 bits (measured on SmolLM2-135M: ``benchmarks/npu_int4_accuracy.py``).
+severalfold at 4 bits (measured on SmolLM2-135M:
+``benchmarks/npu_int16_accuracy.py --only int4``).
 
 The sweep is independent of the grid: :func:`gptq` takes a ``grid`` callable that, given the
 columns of one group (the whole row for per-channel scales, 32 columns for a block format), fixes

@@ -211,7 +211,7 @@ class CircleQuantizer(Quantizer):
       (two per byte). ``gptq=True`` (needs ``calibration=``) rounds those weights by GPTQ over
       the calibration Hessians before annotation (:mod:`circle_fx.quant.gptq_graph`) and the
       observers take its scales; without it they are rounded to nearest from each row's range
-      (measured on SmolLM2-135M, ``benchmarks/npu_int4_accuracy.py``: ruinous at 4 bits).
+      (measured on SmolLM2-135M, ``benchmarks/npu_int16_accuracy.py --only int4``: ruinous at 4 bits).
     - ``smooth_quant``: SmoothQuant's ``alpha`` (0..1; None: off) and ``calibration`` (an
       iterable of input tuples, e.g. the batches later run through the prepared model): before
       annotation, ``prepare_pt2e`` then fuses the RMSNorms and folds per-channel scales into the

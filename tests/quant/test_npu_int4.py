@@ -6,7 +6,7 @@ reader unpacks the same integers ``convert_pt2e`` produced, and the numpy refere
 (``circle_fx.circle.reference``; onert 0.1.0 rejects INT4) reproduces the fake-quantized model
 within one output step. GPTQ (``gptq=True``) must lower a linear's output error below
 round-to-nearest's on correlated inputs. Perplexity on SmolLM2-135M is measured in
-``benchmarks/npu_int4_accuracy.py``.
+``benchmarks/npu_int16_accuracy.py --only int4``.
 """
 from __future__ import annotations
 
