@@ -45,12 +45,23 @@ def _calibration(shape, n=4, seed=1):
     return [(torch.randn(*shape, generator=g) * 2,) for _ in range(n)]
 
 
-@pytest.mark.parametrize("use_gptq", [False, True])
-def test_int4_file_round_trips_and_matches_fake_quant(use_gptq):
+def _per_tensor_4bit_spec():
+    """A user's own spec: int8 values in [-8, 7], one scale per tensor (also stored as INT4)."""
+    from torchao.quantization.pt2e.observer import MinMaxObserver
+    from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+    return QuantizationSpec(dtype=torch.int8, quant_min=-8, quant_max=7, qscheme=torch.per_tensor_symmetric,
+                            observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2 ** -12))
+
+
+@pytest.mark.parametrize("mode", ["rtn", "gptq", "per_tensor_spec"])
+def test_int4_file_round_trips_and_matches_fake_quant(mode):
     torch.manual_seed(0)
     model, x = LinearNormModel(), torch.randn(2, 4, 16) * 2
     calib = _calibration(x.shape) + [(x,)]
-    q = CircleQuantizer(activation_dtype="int16", weight_bits=4, gptq=use_gptq, calibration=calib if use_gptq else None)
+    use_gptq = mode == "gptq"
+    q = CircleQuantizer(activation_dtype="int16", weight=_per_tensor_4bit_spec()) if mode == "per_tensor_spec" else \
+        CircleQuantizer(activation_dtype="int16", weight_bits=4, gptq=use_gptq, calibration=calib if use_gptq else None)
     c = quantize_pt2e(model, (x,), calib, q)
     cm = circle_fx.export(c, (x,), quant_target="npu")
     data = cm.to_bytes()
@@ -65,7 +76,8 @@ def test_int4_file_round_trips_and_matches_fake_quant(use_gptq):
         w = cf.tensors[fc.inputs[1]]
         assert [cf.tensors[i].type_name for i in fc.inputs] == ["INT16", "INT4", "INT64"]
         assert cf.buffers[w.buffer].size == int4.nbytes(w.shape)  # two per byte
-        assert len(w.quantization.scale) == w.shape[0] and set(w.quantization.zero_point) == {0}
+        rows = 1 if mode == "per_tensor_spec" else w.shape[0]
+        assert len(w.quantization.scale) == rows and set(w.quantization.zero_point) == {0}
         got = cf.tensor_data(fc.inputs[1])
         assert got.dtype == np.int8 and got.min() >= -8 and got.max() <= 7
         np.testing.assert_array_equal(got, want.numpy())
@@ -73,7 +85,9 @@ def test_int4_file_round_trips_and_matches_fake_quant(use_gptq):
     steps = np.abs(out - c(x).detach().numpy()).max() / output_scale(cf)
     assert steps <= 1.0 + 1e-3, steps
     assert "INT4" in cm.weight_bytes_by_dtype()
-    assert "4-bit weights: 2 tensors (INT4" in format_circle(cf)
+    n4 = sum(t.type == TT.INT4 for t in cf.tensors)  # the user's per-tensor spec makes the norm's gamma 4-bit too
+    assert n4 == (3 if mode == "per_tensor_spec" else 2)
+    assert f"4-bit weights: {n4} tensors (INT4, two elements per byte" in format_circle(cf)
 
 
 def test_verify_names_an_unpacked_int4_buffer():
