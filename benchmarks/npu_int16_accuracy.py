@@ -13,7 +13,9 @@ top-1 agreement with float eager of the fake-quantized torch model (``convert_pt
 the file's reference, the top-1 agreement of the file with the fake-quant model, and the mean
 stored bits of the linears' weights. The 4-bit variants (``weight_bits=4``: Circle INT4, one
 scale per row; the lm_head, tied to the embedding, keeps int8) round to nearest or by GPTQ over
-the calibration Hessians (``gptq=True``); the file is verified before it is evaluated.
+the calibration Hessians (``gptq=True``), optionally after rotating the residual stream
+(``circle_fx.quant.rotation.rotate_residual``: exact in float); the file is verified before it
+is evaluated.
 """
 from __future__ import annotations
 
@@ -32,7 +34,23 @@ VARIANTS = [
     ("int16 act. / int8 per-tensor weights", dict(activation_dtype="int16", per_channel_weights=False)),
     ("int16 act. / int4 per-row weights, round to nearest", dict(activation_dtype="int16", weight_bits=4)),
     ("int16 act. / int4 per-row weights, gptq", dict(activation_dtype="int16", weight_bits=4, gptq=True)),
+    ("int16 act. / int4 per-row weights, rotation + gptq",
+     dict(activation_dtype="int16", weight_bits=4, gptq=True, rotate=True)),
 ]
+
+
+def rotated_export(ev):
+    """The checkpoint with its residual stream rotated (``circle_fx.quant.rotation``), exported."""
+    import copy
+
+    import torch
+
+    import checkpoint as ck
+    from circle_fx.quant.rotation import rotate_residual
+
+    model = copy.deepcopy(ck.logits_model())  # the cached model stays as it is
+    rotate_residual(model)
+    return torch.export.export(model, (ev,), strict=False).module()
 
 
 def linear_bits(cf) -> float:
@@ -71,9 +89,11 @@ def main(argv=None) -> int:
         if args.only and args.only not in label:
             continue
         t = time.perf_counter()
+        kwargs = dict(kwargs)
+        source = rotated_export(ev) if kwargs.pop("rotate", False) else gm
         if kwargs.get("gptq"):  # the Hessians come from the same calibration batches
-            kwargs = dict(kwargs, calibration=[(ids,) for ids in cal])
-        q = quantize(gm, cal, **kwargs)
+            kwargs["calibration"] = [(ids,) for ids in cal]
+        q = quantize(source, cal, **kwargs)
         with torch.no_grad():
             fq = q(ev)
         cm = circle_fx.export(q, (ev,), quant_target="npu")

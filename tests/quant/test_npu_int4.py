@@ -133,3 +133,25 @@ def test_int4_options_are_checked():
         CircleQuantizer(activation_dtype="int16", weight_bits=4, gptq=True)
     with pytest.raises(InputError, match="weight_bits=3"):
         CircleQuantizer(activation_dtype="int16", weight_bits=3)
+
+
+def test_rotation_keeps_the_float_model_and_flattens_its_norms(tiny_llama):
+    """``rotate_residual`` (QuaRot/SpinQuant's R1): same logits, every gamma folded (ones),
+    an orthogonal R; a model without Llama's module names is refused."""
+    import copy
+
+    from circle_fx.quant.rotation import rotate_residual
+
+    model, (ids,) = tiny_llama
+    rotated = copy.deepcopy(model)
+    with torch.no_grad():
+        want = model(ids).logits
+        r = rotate_residual(rotated)
+        got = rotated(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(r @ r.T, torch.eye(r.shape[0], dtype=r.dtype), atol=1e-10, rtol=0)
+    norms = [m.weight for n, m in rotated.named_modules() if n.endswith("norm")]
+    assert norms and all(bool((w == 1).all()) for w in norms)
+    assert not torch.equal(rotated.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    with pytest.raises(InputError, match="Llama-style"):
+        rotate_residual(torch.nn.Linear(4, 4))
