@@ -28,7 +28,7 @@ import warnings
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-#: (label, CircleQuantizer keyword arguments; a ``gptq`` variant gets ``calibration`` filled in)
+#: (label, CircleQuantizer keyword arguments; ``quantize`` fills in a ``gptq`` variant's ``calibration``)
 VARIANTS = [
     ("int16 act. / int8 per-row weights, all integer (default)", dict(activation_dtype="int16")),
     ("int16 act. / int8 per-tensor weights", dict(activation_dtype="int16", per_channel_weights=False)),
@@ -91,8 +91,6 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         kwargs = dict(kwargs)
         source = rotated_export(ev) if kwargs.pop("rotate", False) else gm
-        if kwargs.get("gptq"):  # the Hessians come from the same calibration batches
-            kwargs["calibration"] = [(ids,) for ids in cal]
         q = quantize(source, cal, **kwargs)
         with torch.no_grad():
             fq = q(ev)
