@@ -50,7 +50,7 @@ def quantize(gm, calibration, **kwargs):
 
     from circle_fx.quant import CircleQuantizer
 
-    if "smooth_quant" in kwargs:  # SmoothQuant's per-channel maxima come from the same calibration
+    if "smooth_quant" in kwargs or kwargs.get("gptq"):  # SmoothQuant's maxima / GPTQ's Hessians: the same calibration
         kwargs = dict(kwargs, calibration=[(ids,) for ids in calibration])
     prepared = prepare_pt2e(copy.deepcopy(gm), CircleQuantizer(**kwargs))
     with torch.no_grad():

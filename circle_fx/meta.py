@@ -53,3 +53,8 @@ class IndexFacts:
     #: the dims whose index tensor is never negative (a position: ``topk``/``sort`` indices, ``argmax``,
     #: ``arange`` from a start >= 0), so no wrap is emitted for it
     never_negative: frozenset = frozenset()
+
+#: ``node.meta`` key on an integer constant (int8/uint8 values) stored as a 4-bit Circle tensor
+#: (``"INT4"`` / ``"UINT4"``: two elements per byte, :mod:`circle_fx.circle.int4`); set by the
+#: Q/DQ pass for weights quantized into [-8, 7] / [0, 15], read by the emitter's ``ctx.tensor``
+STORAGE_4BIT = "circle_fx.storage_4bit"

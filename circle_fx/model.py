@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .circle.activation_ranges import range_lines, widest_activation_ranges
+from .circle import int4
 from .circle.ggml import block_type
 from .circle.schema import CIRCLE_TO_NUMPY, op_name, type_name
 from .emit.builder import ModelBuilder
@@ -184,10 +185,11 @@ class CircleModel:
         return Counter(op_name(op.code) for op in self.builder.operators)
 
     def weight_bytes_by_dtype(self) -> dict[str, int]:
-        """Constant bytes per stored dtype (``{"int8": ..., "float32": ...}``; GGML blocks by their
-        Circle type, ``GGML_Q4_0``), largest first;
+        """Constant bytes per stored dtype (``{"int8": ..., "float32": ...}``; GGML blocks and packed
+        4-bit weights by their Circle type, ``GGML_Q4_0``, ``INT4``), largest first;
         each buffer counted once, even when two tensors share it (tied weights)."""
-        packed = {t.buffer: type_name(t.type) for t in self.builder.tensors if block_type(t.type) is not None}
+        packed = {t.buffer: type_name(t.type) for t in self.builder.tensors
+                  if block_type(t.type) is not None or int4.is_int4(t.type)}
         by: Counter = Counter()
         meta = set(self.builder.metadata.values())  # circle_fx.limits is not a weight
         for i, arr in enumerate(self.builder.buffers):

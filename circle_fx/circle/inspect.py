@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 from circle_schema import circle
 
+from . import int4
 from .reader import CircleFile, OperatorView, read_circle
 from .schema import BOPT, BOPT2
 
@@ -87,6 +88,11 @@ def format_circle(cf: CircleFile, sections=SECTIONS, title: str = "") -> str:
     lines.append("inputs : " + ", ".join(f"{tname(i)}{_shape(tensors[i])}" for i in cf.inputs))
     lines.append("outputs: " + ", ".join(f"{tname(i)}{_shape(tensors[i])}" for i in cf.outputs))
     lines.append("op histogram: " + ", ".join(f"{k} {v}" for k, v in hist.most_common()))
+    four = [t for t in tensors if int4.is_int4(t.type)]
+    if four:  # packed two per byte (circle/int4.py): their byte counts are half their element counts
+        packed = {t.buffer for t in four if 0 <= t.buffer < len(cf.buffers)}
+        lines.append(f"4-bit weights: {len(four)} tensors ({', '.join(sorted({t.type_name for t in four}))}, "
+                     f"two elements per byte, low nibble first), {sum(cf.buffers[b].size for b in packed):,} bytes")
     limits = cf.limits
     if limits:  # what a host must keep its inputs within (circle_fx/emit/index_limits.py)
         parts = []

@@ -16,6 +16,7 @@ from circle_schema import circle
 
 from ..errors import VerifyError
 from .safe_read import check_flatbuffer, fields
+from . import int4
 from .schema import CIRCLE_TO_NUMPY, QuantParams, op_name, type_name
 
 #: the Circle metadata entry holding circle_fx's run-time limits (JSON; emit/index_limits.py)
@@ -113,10 +114,15 @@ class CircleFile:
         return value if isinstance(value, dict) else None
 
     def tensor_data(self, index: int) -> np.ndarray | None:
-        """The constant data of tensor ``index`` as a typed numpy array, or None."""
+        """The constant data of tensor ``index`` as a typed numpy array, or None. A 4-bit
+        tensor's elements come unpacked (:mod:`circle_fx.circle.int4`)."""
         t = self.tensors[index]
         b = self.buffers[t.buffer] if 0 <= t.buffer < len(self.buffers) else None
-        if b is None or b.data is None or t.dtype is None:
+        if b is None or b.data is None:
+            return None
+        if int4.is_int4(t.type):  # two elements per byte: int8 (INT4) / uint8 (UINT4) values
+            return int4.unpack(b.data, t.shape, t.type)
+        if t.dtype is None:
             return None
         return b.data.view(t.dtype).reshape(t.shape)
 

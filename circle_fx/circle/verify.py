@@ -11,7 +11,8 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
 - onert's limits, from the Circle op table (``circle/op_table.py``): element types, ranks and
   forms (a constant matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions), each
   form named by the legalization step that fixes it;
-- constants: buffer size == prod(shape) * itemsize;
+- constants: buffer size == prod(shape) * itemsize (4-bit ``INT4`` / ``UINT4``: two elements per
+  byte, ``circle/int4.py``; such a tensor must be a quantized constant: a weight);
 - options: every op that has an options table carries one of the right type (onert
   segfaults otherwise);
 - types: elementwise inputs of one type (bool out of comparisons, a bool SELECT_V2 condition),
@@ -40,7 +41,7 @@ import numpy as np
 from circle_schema import circle
 
 from ..errors import VerifyError
-from . import ggml, limits, op_table
+from . import ggml, int4, limits, op_table
 from .dims import DYNAMIC, broadcast, fmt as _fmt, numel as _numel, same as _same, same_shape as _same_shape
 from .dedup import duplicate_bytes, duplicates
 from .ggml import block_type
@@ -195,8 +196,11 @@ class _Checker:
                 self.bad(f"{where}: name used by {names[t.name]} tensors")
             if not 0 <= t.buffer < len(self.cf.buffers):
                 self.bad(f"{where}: buffer index {t.buffer} out of range (0..{len(self.cf.buffers) - 1})")
-            if t.dtype is None and block_type(t.type) is None:
+            if t.dtype is None and block_type(t.type) is None and not int4.is_int4(t.type):
                 self.bad(f"{where}: tensor type {t.type_name} is not one circle_fx emits")
+            if int4.is_int4(t.type) and (t.quant_raw is None or not self.is_const(t.index)):
+                self.bad(f"{where}: a {t.type_name} tensor must be a constant with quantization parameters "
+                         "(circle_fx stores only weights in 4 bits)")
             if len(t.shape) > limits.TENSOR:
                 self.bad(f"{where}: rank {len(t.shape)}; onert 0.1.0 crashes on tensors of rank > {limits.TENSOR}")
             if any(d < 0 for d in t.shape):
@@ -237,7 +241,8 @@ class _Checker:
     def check_buffers(self) -> None:
         for t in self.cf.tensors:
             blocks = block_type(t.type)
-            if not 0 <= t.buffer < len(self.cf.buffers) or (t.dtype is None and blocks is None):
+            if not 0 <= t.buffer < len(self.cf.buffers) or (t.dtype is None and blocks is None
+                                                              and not int4.is_int4(t.type)):
                 continue
             b = self.cf.buffers[t.buffer]
             if b.size == 0 and b.data is None:
@@ -258,6 +263,12 @@ class _Checker:
                 if b.size != want:
                     self.bad(f"{where}: buffer holds {b.size} bytes, shape {t.shape} of {t.type_name} needs "
                              f"{want} ({want // blocks.block_bytes} blocks of {blocks.block_bytes} bytes)")
+                continue
+            if int4.is_int4(t.type):  # two elements per byte (circle/int4.py)
+                want = int4.nbytes(t.shape)
+                if b.size != want:
+                    self.bad(f"{where}: buffer holds {b.size} bytes, shape {t.shape} of {t.type_name} needs "
+                             f"{want} (two 4-bit elements per byte)")
                 continue
             want = math.prod(t.shape) * t.dtype.itemsize
             if b.size != want:

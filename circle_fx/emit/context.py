@@ -13,11 +13,12 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..circle.schema import CIRCLE_TO_NUMPY, QuantParams
+from ..circle import int4
+from ..circle.schema import CIRCLE_TO_NUMPY, TT, QuantParams
 from ..errors import UnsupportedOpError
 from ..fx_utils import dtype_of, val
 from ..lazy import is_lazy
-from ..meta import QUANT_META
+from ..meta import QUANT_META, STORAGE_4BIT
 from ..program import Program, StackedTensor, fetch_attr
 from ..source import op_name, source_line
 from .builder import LazyParts, ModelBuilder, Stacked
@@ -111,7 +112,9 @@ class LoweringContext(NodeInfo):
                 return self.values[value]
             if value.op == "get_attr":
                 t = fetch_attr(self.program.gm, value.target)
-                idx = self.const_tensor(t, value.target, quantization_of(value))
+                four = value.meta.get(STORAGE_4BIT)
+                idx = self.const_tensor(t, value.target, quantization_of(value)) if four is None else \
+                    self._int4_tensor(t, value.target, getattr(TT, four), quantization_of(value))
                 self.values[value] = idx
                 return idx
             if isinstance(val(value), torch.SymInt):
@@ -148,6 +151,16 @@ class LoweringContext(NodeInfo):
             key = ("storage", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
         buf = self.builder.add_buffer(arr, key)
         return self.builder.add_tensor(name, arr.shape, circle_type(t.dtype), buf, quantization=quantization)
+
+    def _int4_tensor(self, t: torch.Tensor, name: str, tensor_type: int, quantization) -> int:
+        """The integers ``t`` (int8 / uint8 values in the 4-bit range) as an ``INT4`` / ``UINT4``
+        tensor of the same shape, two elements per byte (``circle/int4.py``)."""
+        try:
+            packed = int4.pack(to_numpy(t, f"constant {name}"), tensor_type)
+        except ValueError as e:
+            raise self.error(f"constant {name}: {e}") from None
+        return self.builder.add_tensor(name, list(t.shape), tensor_type, self.builder.add_buffer(packed),
+                                       quantization=quantization)
 
     def packed_const(self, value, circle_type: int, shape, name: str | None = None) -> int:
         """Constant ``value`` (a uint8 tensor of raw blocks, e.g. GGML Q4_0) as a Circle tensor of

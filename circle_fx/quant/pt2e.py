@@ -135,6 +135,34 @@ def int8_weight_spec(per_channel: bool = False) -> QuantizationSpec:
 
 #: ``activation_dtype`` values of :class:`CircleQuantizer`
 ACTIVATION_DTYPES = ("uint8", "int16")
+#: ``weight_bits`` values of :class:`CircleQuantizer`
+WEIGHT_BITS = (8, 4)
+#: module-path globs whose linears keep 8-bit weights when ``weight_bits=4`` (the output
+#: projection: llama.cpp keeps ``output.weight`` at Q6_K for Q4_0; a tied one is also the table)
+DEFAULT_KEEP_8BIT = ("*lm_head",)
+
+
+def int4_weight_spec(scales: torch.Tensor | None = None) -> QuantizationSpec:
+    """4-bit weights: int8 values in [-8, 7] (what the exporter stores as Circle ``INT4``, two per
+    byte), symmetric, one scale per output row; ``scales``: the given per-row scales (GPTQ's) and
+    no observation (:class:`GivenScalesObserver`), else min/max per row."""
+    ctr = (GivenScalesObserver.with_args(scales=scales) if scales is not None
+           else PerChannelMinMaxObserver.with_args(eps=2 ** -12))
+    return QuantizationSpec(dtype=torch.int8, quant_min=-8, quant_max=7, qscheme=torch.per_channel_symmetric,
+                            ch_axis=0, observer_or_fake_quant_ctr=ctr)
+
+
+class GivenScalesObserver(PerChannelMinMaxObserver):
+    """A per-channel weight observer that reports scales fixed in advance (zero points 0): the
+    weight was already rounded onto them (GPTQ), so ``convert_pt2e`` recovers its integers
+    exactly instead of re-deriving a scale from the rounded weight's range."""
+
+    def __init__(self, scales: torch.Tensor, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("given_scales", scales.detach().float().clone())
+
+    def calculate_qparams(self):
+        return self.given_scales.clone(), torch.zeros(self.given_scales.shape, dtype=torch.int64)
 
 
 def uint8_per_channel_spec() -> QuantizationSpec:
@@ -177,6 +205,13 @@ class CircleQuantizer(Quantizer):
       perplexity +4 % over float with per-row int8 weights, +14 % per tensor). Only for
       ``quant_target="npu"``: onert 0.1.0 runs no int16 kernel; the file is checked
       against a numpy reference of its operators (``circle_fx.circle.reference``).
+    - ``weight_bits``: 8 (default) or 4 (int16 activations only: the npu target's 16x4 linears).
+      With 4, every linear but those matching ``keep_8bit`` (default :data:`DEFAULT_KEEP_8BIT`)
+      gets int8-held values in [-8, 7], one scale per output row, stored as Circle ``INT4``
+      (two per byte). ``gptq=True`` (needs ``calibration=``) rounds those weights by GPTQ over
+      the calibration Hessians before annotation (:mod:`circle_fx.quant.gptq_graph`) and the
+      observers take its scales; without it they are rounded to nearest from each row's range
+      (measured on SmolLM2-135M, ``benchmarks/npu_int16_accuracy.py --only int4``: ruinous at 4 bits).
     - ``smooth_quant``: SmoothQuant's ``alpha`` (0..1; None: off) and ``calibration`` (an
       iterable of input tuples, e.g. the batches later run through the prepared model): before
       annotation, ``prepare_pt2e`` then fuses the RMSNorms and folds per-channel scales into the
@@ -190,8 +225,22 @@ class CircleQuantizer(Quantizer):
                  activation_observer: str = "minmax", quantize_elementwise: bool | None = None,
                  per_channel_weights: bool | None = None, skip: tuple[str, ...] = None,
                  activation_dtype: str = "uint8", smooth_quant: float | None = None, calibration=None,
-                 smooth_kinds: tuple[str, ...] | None = None, linear_outputs: str = "quantized"):
+                 smooth_kinds: tuple[str, ...] | None = None, linear_outputs: str = "quantized",
+                 weight_bits: int = 8, gptq: bool = False, keep_8bit: tuple[str, ...] = DEFAULT_KEEP_8BIT):
         super().__init__()
+        if weight_bits not in WEIGHT_BITS:
+            raise InputError(f"CircleQuantizer(weight_bits={weight_bits!r}): expected one of "
+                             f"{', '.join(map(repr, WEIGHT_BITS))}")
+        if weight_bits == 4 and (activation_dtype != "int16" or weight is not None):
+            raise InputError("CircleQuantizer(weight_bits=4) is the npu target's 16x4 scheme: it needs "
+                             "activation_dtype='int16' and no explicit weight spec")
+        if gptq and (weight_bits != 4 or calibration is None):
+            raise InputError("CircleQuantizer(gptq=True) rounds 4-bit weights: it needs weight_bits=4 and "
+                             "calibration=[input tuples] (the Hessians come from them)")
+        self.weight_bits, self.gptq = weight_bits, gptq
+        self.keep_8bit = tuple((keep_8bit,) if isinstance(keep_8bit, str) else keep_8bit)
+        #: weight attribute name -> the per-row scales GPTQ rounded it onto (after prepare)
+        self.gptq_scales: dict[str, torch.Tensor] = {}
         if linear_outputs not in LINEAR_OUTPUTS:
             raise InputError(f"CircleQuantizer(linear_outputs={linear_outputs!r}): expected one of "
                              f"{', '.join(map(repr, LINEAR_OUTPUTS))}")
@@ -230,7 +279,22 @@ class CircleQuantizer(Quantizer):
             from .smooth import KINDS
 
             self.smoothed = smooth_quant(model, self.calibration, self.smooth_quant, KINDS if self.smooth_kinds is None else self.smooth_kinds)
+        if self.gptq:
+            from .gptq_graph import gptq_linears
+
+            self.gptq_scales = gptq_linears(model, self.calibration, self._four_bit, -8, 7)
         return model
+
+    def _four_bit(self, linear: fx.Node) -> bool:
+        """Does this linear get a 4-bit weight (``weight_bits=4``, not kept at 8 bits, not skipped)?"""
+        return self.weight_bits == 4 and not self._skipped(linear) and not self._matches(linear, self.keep_8bit)
+
+    def _linear_weight(self, linear: fx.Node) -> QuantizationSpec:
+        if not self._four_bit(linear):
+            return self.weight
+        w = linear.args[1]
+        given = self.gptq_scales.get(w.target) if isinstance(w, fx.Node) and w.op == "get_attr" else None
+        return int4_weight_spec(given)
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
         constant = _constant_nodes(model.graph)
@@ -245,7 +309,7 @@ class CircleQuantizer(Quantizer):
                 if x in constant or not _is_float(x) or not _is_float(w) or self._skipped(n):
                     continue
                 act = _fusable_activation(n) if self.linear_outputs == "quantized" and not self._int16 else None
-                self._annotate(n, {x: self.activation, w: self.weight},
+                self._annotate(n, {x: self.activation, w: self._linear_weight(n)},
                                self.activation if self.linear_outputs == "quantized" and act is None else None)
                 if act is not None:  # quantized after the ReLU / ReLU6, which FULLY_CONNECTED applies
                     self._annotate(act, {}, self.activation)
@@ -276,9 +340,14 @@ class CircleQuantizer(Quantizer):
         return model
 
     def _skipped(self, node: fx.Node) -> bool:
+        return self._matches(node, self.skip)
+
+    @staticmethod
+    def _matches(node: fx.Node, globs) -> bool:
+        """Does the innermost module path of ``node`` match one of ``globs``?"""
         stack = node.meta.get("nn_module_stack") or {}
         paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v]
-        return bool(paths) and any(fnmatch.fnmatchcase(paths[-1], pat) for pat in self.skip)
+        return bool(paths) and any(fnmatch.fnmatchcase(paths[-1], pat) for pat in globs)
 
     def _per_tensor_weight(self) -> QuantizationSpec:
         """The weight spec, per tensor: for an embedding table (its rows come out sharing its

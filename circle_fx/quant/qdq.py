@@ -42,7 +42,7 @@ from ..fx_utils import CAST_OPS, arguments, fake_constant, fake_mode_of, make_no
 from ..ops_nhwc import conv2d_nhwc
 from ..fusions.linear_activation import linear_act
 from ..source import source_line
-from ..meta import DEQUANTIZED_FROM, QUANT_META
+from ..meta import DEQUANTIZED_FROM, QUANT_META, STORAGE_4BIT
 from ..fusions.rms_norm import reduces_a_square, rms_norm
 from ..program import add_constant, fetch_attr
 from ..pass_protocol import Pass
@@ -99,12 +99,43 @@ def _params(node):
     return float(s), int(zp), dt
 
 
+#: 4-bit integer types (torch's shell dtypes: no tensor holds them) -> (their range, the dtype
+#: that holds their values in the graph); a DQ of int8 / uint8 values inside such a range is
+#: 4-bit, and its constant is stored packed (``circle/int4.py``)
+FOUR_BIT = {torch.int4: ((-8, 7), torch.int8), torch.uint4: ((0, 15), torch.uint8)}
+
+
+def _narrowed(dt: torch.dtype, qmin: int, qmax: int) -> torch.dtype:
+    """``torch.int4`` / ``torch.uint4`` when a DQ of ``dt`` values declares a range that fits in
+    4 bits (PT2E spells a 4-bit weight as int8 with ``quant_min=-8, quant_max=7``), else ``dt``."""
+    for four, ((lo, hi), held) in FOUR_BIT.items():
+        if dt == held and lo <= int(qmin) and int(qmax) <= hi:
+            return four
+    return dt
+
+
+def _mark_4bit(const: fx.Node, dt: torch.dtype) -> fx.Node:
+    """``const`` (the integers of a ``dt`` weight) marked for 4-bit storage when ``dt`` is 4-bit."""
+    if dt in FOUR_BIT:
+        const.meta[STORAGE_4BIT] = "INT4" if dt == torch.int4 else "UINT4"
+    return const
+
+
+def int_range(dt: torch.dtype) -> tuple[int, int]:
+    """The values an integer dtype holds (the 4-bit ones included)."""
+    if dt in FOUR_BIT:
+        return FOUR_BIT[dt][0]
+    info = torch.iinfo(dt)
+    return info.min, info.max
+
+
 def _dq_params(node) -> tuple[QuantParams, torch.dtype] | None:
-    """The quantization a DQ node undoes, per tensor or per channel."""
+    """The quantization a DQ node undoes, per tensor or per channel; its dtype is
+    ``torch.int4`` / ``torch.uint4`` for a declared 4-bit range (:func:`_narrowed`)."""
     name = _op(node)
     if name == "dequantize_per_tensor" and node.target._overloadname == "default":
         s, zp, dt = _params(node)
-        return QuantParams((s,), (zp,)), dt
+        return QuantParams((s,), (zp,)), _narrowed(dt, *node.args[3:5])
     if name == "dequantize_per_channel":
         gm = node.graph.owning_module
         scales, zps, axis, dt = node.args[1], node.args[2], node.args[3], node.args[6]
@@ -112,7 +143,8 @@ def _dq_params(node) -> tuple[QuantParams, torch.dtype] | None:
             return None
         s = fetch_attr(gm, scales.target)
         z = fetch_attr(gm, zps.target) if isinstance(zps, fx.Node) else torch.zeros_like(s)
-        return QuantParams(tuple(s.tolist()), tuple(int(v) for v in z.tolist()), int(axis)), dt
+        return QuantParams(tuple(s.tolist()), tuple(int(v) for v in z.tolist()), int(axis)), \
+            _narrowed(dt, *node.args[4:6])
     return None
 
 
@@ -298,8 +330,9 @@ class QDQLower(_TargetPass):
     @staticmethod
     def _matches(dt, dtype, weight: bool) -> bool:
         """Is an operand of type ``dt`` right for an op computing in ``dtype``? A weight
-        (linear weight, gamma, table) of int16 activations is int8 (the 16x8 scheme)."""
-        return dt == dtype or (weight and dtype == torch.int16 and dt == torch.int8)
+        (linear weight, gamma, table) of int16 activations is int8 (the 16x8 scheme) or
+        int4 (16x4: a 4-bit weight, stored packed)."""
+        return dt == dtype or (weight and dtype == torch.int16 and dt in (torch.int8, torch.int4))
 
     @staticmethod
     def _ones(program, op, dtype):
@@ -318,10 +351,12 @@ class QDQLower(_TargetPass):
         real = fetch_attr(program.gm, v.target).float()
         scales = torch.tensor(qp.scale, dtype=torch.float32)
         zps = torch.tensor(qp.zero_point, dtype=torch.int32)
-        info = torch.iinfo(dt)
-        ints = torch.clamp(torch.round(real / scales[:, None]) + zps[:, None], info.min, info.max).to(dt)
+        lo, hi = int_range(dt)
+        held = FOUR_BIT[dt][1] if dt in FOUR_BIT else dt
+        ints = torch.clamp(torch.round(real / scales[:, None]) + zps[:, None], lo, hi).to(held)
         w = _int_constant(program, v, ints, 1.0, 0, f"{v.target}_q")
         w.meta[QUANT_META] = qp
+        _mark_4bit(w, dt)
         consts = []
         for t, name in ((scales, "w_scales"), (zps, "w_zps")):
             with v.graph.inserting_before(v):
@@ -348,8 +383,12 @@ class QDQLower(_TargetPass):
             s, zp = qp.scale[0], qp.zero_point[0]
             real = fetch_attr(program.gm, v.target)
             # exact: real = (q - zp) * s in float32, |q - zp| <= 255
-            ints = qops.quantize(real, s, zp, dt)
-            return _int_constant(program, v, ints, s, zp, f"{v.target}_q"), s, zp
+            if dt in FOUR_BIT:
+                lo, hi = int_range(dt)
+                ints = torch.clamp(torch.round(real * (1.0 / s)) + zp, lo, hi).to(FOUR_BIT[dt][1])
+            else:
+                ints = qops.quantize(real, s, zp, dt)
+            return _mark_4bit(_int_constant(program, v, ints, s, zp, f"{v.target}_q"), dt), s, zp
         return None
 
 

@@ -102,7 +102,7 @@ def apply_scales(gm: fx.GraphModule, group: SmoothGroup, s: torch.Tensor) -> Non
     written in place: they may share storage with the user's model)."""
     cols = s if group.channels is None else s[group.channels]
     for lin in group.linears:
-        _scale_attr(gm, lin.args[1], lambda w: w * cols.to(w.dtype))
+        replace_attr(gm, lin.args[1], lambda w: w * cols.to(w.dtype))
     if group.kind == "rms_norm":
         g = group.source.args[1]
         if g is None:
@@ -113,16 +113,19 @@ def apply_scales(gm: fx.GraphModule, group: SmoothGroup, s: torch.Tensor) -> Non
             gamma.meta["val"] = getattr(gm, name)
             group.source.args = (group.source.args[0], gamma, *group.source.args[2:])
         else:
-            _scale_attr(gm, g, lambda w: w / s.to(w.dtype))
+            replace_attr(gm, g, lambda w: w / s.to(w.dtype))
     else:
         up = group.up
-        _scale_attr(gm, up.args[1], lambda w: w / s.to(w.dtype)[:, None])
+        replace_attr(gm, up.args[1], lambda w: w / s.to(w.dtype)[:, None])
         if len(up.args) > 2 and up.args[2] is not None:
-            _scale_attr(gm, up.args[2], lambda b: b / s.to(b.dtype))
+            replace_attr(gm, up.args[2], lambda b: b / s.to(b.dtype))
     group.scale = s
 
 
-def _scale_attr(gm, node: fx.Node, fn) -> None:
+def replace_attr(gm, node: fx.Node, fn) -> None:
+    """Set the attribute ``get_attr`` node ``node`` reads to ``fn(old value)``, as a new tensor
+    of the same kind (parameter, buffer or plain attribute): the old storage, which may be the
+    user's model's, is never written."""
     owner_path, _, leaf = node.target.rpartition(".")
     owner = gm.get_submodule(owner_path) if owner_path else gm
     old = getattr(owner, leaf)
