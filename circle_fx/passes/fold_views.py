@@ -24,17 +24,12 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import fake_constant, make_node, shape_of, static_shape
+from ..op_traits import MOVEMENT, PERMUTE, RESHAPE, VIEW
 from ..program import add_constant
 from .base import NodePass
 
 aten = torch.ops.aten
 
-VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
-            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
-            aten.unflatten.int}
-#: view ops whose second argument is the full target shape (symbolic dims allowed)
-_SHAPE_ARG = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
-PERMUTE_OPS = {aten.permute.default, aten.transpose.int, aten.t.default}
 
 
 def _is(n, ops) -> bool:
@@ -64,9 +59,9 @@ class FoldViews(NodePass):
 
     def visit(self, program, n) -> bool:
         g = program.gm.graph
-        if _is(n, VIEW_OPS):
+        if _is(n, VIEW):
             new = self._fold_reshape(g, n) or self._repeat_interleave(program, g, n)
-        elif _is(n, PERMUTE_OPS):
+        elif _is(n, PERMUTE):
             new = self._fold_permute(g, n)
         else:
             return False
@@ -75,7 +70,7 @@ class FoldViews(NodePass):
         n.replace_all_uses_with(new)
         g.erase_node(n)
         src = n.args[0]
-        while _is(src, VIEW_OPS | PERMUTE_OPS | {aten.expand.default}) and not src.users:
+        while _is(src, MOVEMENT) and not src.users:
             nxt = src.args[0]
             g.erase_node(src)  # the inner ops of a chain, read by nobody else now
             src = nxt
@@ -84,7 +79,7 @@ class FoldViews(NodePass):
     @staticmethod
     def _repeat_interleave(program, g: fx.Graph, n: fx.Node):
         e = n.args[0]
-        if not (_is(e, {aten.expand.default}) and len(e.users) == 1 and _is(e.args[0], VIEW_OPS)):
+        if not (_is(e, {aten.expand.default}) and len(e.users) == 1 and _is(e.args[0], VIEW)):
             return None
         u = e.args[0]
         x = u.args[0]
@@ -106,13 +101,13 @@ class FoldViews(NodePass):
     @staticmethod
     def _fold_reshape(g: fx.Graph, n: fx.Node):
         src = n.args[0]
-        while _is(src, VIEW_OPS):
+        while _is(src, VIEW):
             src = src.args[0]
         if _same_shape(src, n):
             return src
         if src is n.args[0]:
             return None
-        if n.target in _SHAPE_ARG:
+        if n.target in RESHAPE:
             shape = n.args[1]
         else:
             shape = static_shape(n)
@@ -126,7 +121,7 @@ class FoldViews(NodePass):
     def _fold_permute(g: fx.Graph, n: fx.Node):
         perm = permutation(n)
         src = n.args[0]
-        while _is(src, PERMUTE_OPS):
+        while _is(src, PERMUTE):
             inner = permutation(src)
             perm = [inner[p] for p in perm]
             src = src.args[0]
