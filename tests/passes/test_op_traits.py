@@ -100,6 +100,7 @@ def test_dialect_ops_declare_their_traits():
     from circle_fx import dialect
 
     ops = dialect.ops()
-    assert {"rms_norm", "rope", "linear_act", "conv2d_nhwc", "q_linear", "linear_w8", "linear_ggml"} <= set(ops)
+    assert {"rms_norm", "rope", "linear_act", "silu", "conv2d_nhwc", "q_linear", "linear_w8", "linear_ggml"} <= set(ops)
+    assert ops["silu"].traits == ("elementwise",) and ops["silu"].target in ELEMENTWISE
     assert all(o.target in ELEMENTWISE for o in ops.values() if "elementwise" in o.traits)
     assert ops["rms_norm"].target not in ELEMENTWISE  # a row-wise reduction, not elementwise
