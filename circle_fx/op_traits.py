@@ -27,6 +27,10 @@ aten = torch.ops.aten
 _qd = torch.ops.quantized_decomposed
 
 
+#: bumped by every ``Trait.add``: unions rebuild their flattened members lazily
+_version = [0]
+
+
 class Trait:
     """A named, growing set of FX call targets (``in`` / ``of(node)`` / iteration / ``|``)."""
 
@@ -34,24 +38,27 @@ class Trait:
         self.name, self.doc = name, doc
         self._own: set = set(targets)
         self._parts = parts
+        self._flat, self._flat_version = frozenset(), -1
+
+    def _members(self) -> frozenset:
+        """Own targets and every part's, recomputed only after an ``add`` anywhere (passes ask
+        membership in hot loops: one frozenset lookup)."""
+        if self._flat_version != _version[0]:
+            self._flat = frozenset(self._own).union(*(p._members() for p in self._parts))
+            self._flat_version = _version[0]
+        return self._flat
 
     def __contains__(self, target) -> bool:
-        return target in self._own or any(target in p for p in self._parts)
+        return target in self._members()
 
     def __iter__(self) -> Iterator:
-        seen = set(self._own)
-        yield from self._own
-        for p in self._parts:
-            for t in p:
-                if t not in seen:
-                    seen.add(t)
-                    yield t
+        return iter(self._members())
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def __or__(self, other) -> "Trait":
-        other = other if isinstance(other, Trait) else Trait("", "", other)
+        other = other if isinstance(other, Trait) else Trait("", "", other)  # (a plain set: fixed)
         return Trait(f"{self.name}|{other.name}", "", parts=(self, other))
 
     def of(self, node) -> bool:
@@ -62,6 +69,12 @@ class Trait:
         if self._parts:
             raise TypeError(f"trait {self.name} is a union of {[p.name for p in self._parts]}: add to a part")
         self._own.add(target)
+        _version[0] += 1
+
+    def discard(self, target) -> None:
+        """Take ``target`` out (tests show what a pass does without the trait)."""
+        self._own.discard(target)
+        _version[0] += 1
 
     def __repr__(self) -> str:
         return f"Trait({self.name}, {len(self)} ops)"

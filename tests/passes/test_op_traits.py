@@ -85,6 +85,9 @@ def test_traits_are_live_and_unions_are_views():
     assert marker not in union
     leaf.add(marker)
     assert marker in union and aten.permute.default in union and aten.neg.default in union
+    assert marker in set(union) and len(union) == len(PERMUTE) + 2
+    leaf.discard(marker)
+    assert marker not in union
     with pytest.raises(TypeError, match="union"):
         union.add(object())
     assert set(VIEW) <= set(MOVEMENT) and set(PERMUTE) <= set(MOVEMENT)
