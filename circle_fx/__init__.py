@@ -4,8 +4,8 @@
     cm = circle_fx.export(model, (input_ids,))
     cm.save("model.circle"); print(cm.summary()); cm.run(input_ids)
 """
+from . import dialect  # noqa: F401  (the circle:: ops no family owns: channels-last, weight-only, quantized)
 from . import fusions  # noqa: F401  (registers the fusion families and their ops, torch.ops.circle.*)
-from . import ops_nhwc  # noqa: F401  (registers torch.ops.circle.*_nhwc)
 from .api import capture, export, lower
 from .errors import (CaptureError, CircleFxError, InputError, ModelError, OutputError, PassError, RuntimeFailure,
                      LegalizeError, UnsupportedDtypeError, UnsupportedOpError, VerifyError)
@@ -14,7 +14,6 @@ from .model import CircleModel
 from .passes import Pass, Pipeline, default_pipeline
 from .program import Program
 from .quant import QuantConfig
-from .quant import ops as _quant_ops  # noqa: F401  (registers torch.ops.circle.linear_w8/embedding_w8)
 from .quant import lowerings as _quant_lowerings  # noqa: F401  (registers the quantized ops' lowerings)
 from .circle.verify import VerifyReport, verify
 
