@@ -36,7 +36,6 @@ from ..program import add_constant
 aten = torch.ops.aten
 
 
-
 def _is(n, ops) -> bool:
     return isinstance(n, fx.Node) and n.op == "call_function" and n.target in ops
 
