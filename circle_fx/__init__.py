@@ -13,15 +13,14 @@ except ImportError as _no_torch:  # pragma: no cover - exercised in tests/llm/te
     _NO_TORCH = _no_torch
 else:
     _NO_TORCH = None
+    from . import dialect  # noqa: F401  (the circle:: ops no family owns: channels-last, weight-only, quantized)
     from . import fusions  # noqa: F401  (registers the fusion families and their ops, torch.ops.circle.*)
-    from . import ops_nhwc  # noqa: F401  (registers torch.ops.circle.*_nhwc)
     from .api import capture, export, lower
     from .explain import ExplainResult, explain, explain_report  # circle_fx.explain is the function; the module imports as usual
     from .model import CircleModel
     from .passes import Pass, Pipeline, default_pipeline
     from .program import Program
     from .quant import QuantConfig
-    from .quant import ops as _quant_ops  # noqa: F401  (registers torch.ops.circle.linear_w8/embedding_w8)
     from .quant import lowerings as _quant_lowerings  # noqa: F401  (registers the quantized ops' lowerings)
 from .circle.verify import VerifyReport, verify
 

@@ -15,25 +15,9 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch.fx.node import map_arg
 
-aten = torch.ops.aten
+from .op_traits import CAST, IDENTITY
 
-#: Ops that only reinterpret or re-tag a value; matched through and removed when no-ops.
-CAST_OPS = {
-    aten.to.dtype,
-    aten.to.dtype_layout,
-    aten._to_copy.default,
-    aten.type_as.default,
-    aten.to.device,
-}
-IDENTITY_OPS = {aten.alias.default, aten.clone.default, aten.contiguous.default,
-                aten.detach.default, aten.lift_fresh_copy.default, aten.dropout.default}
-#: Ops that only move elements (each output element is one input element): the pattern
-#: language's :func:`~circle_fx.patterns.moved` sees through chains of them.
-MOVEMENT_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
-                aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.transpose.int,
-                aten.permute.default, aten.t.default, aten.expand.default}
-SIDE_EFFECT_ONLY = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
-                    aten.sym_constrain_range_for_size.default}
+aten = torch.ops.aten
 
 
 def val(node: Any):
@@ -105,11 +89,11 @@ def is_noop(node: fx.Node) -> bool:
     """True for casts to the same dtype, aliases, clones: values equal to their input."""
     if node.op != "call_function":
         return False
-    if node.target in IDENTITY_OPS:
+    if node.target in IDENTITY:
         if node.target is aten.dropout.default:
             return not arguments(node)[2]  # dropout with train=False is the identity
         return True
-    if node.target in CAST_OPS:
+    if node.target in CAST:
         src = node.args[0]
         return isinstance(src, fx.Node) and dtype_of(src) == dtype_of(node) and dtype_of(node) is not None
     return False
@@ -125,7 +109,7 @@ def look_through(value: Any) -> Any:
 def strip_casts(value: Any) -> Any:
     """``value`` with every dtype conversion (and no-op) in front of it removed."""
     value = look_through(value)
-    while isinstance(value, fx.Node) and value.op == "call_function" and value.target in CAST_OPS:
+    while isinstance(value, fx.Node) and value.op == "call_function" and value.target in CAST:
         value = look_through(value.args[0])
     return value
 

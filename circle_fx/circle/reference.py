@@ -5,7 +5,7 @@ onert 0.1.0 has no such kernels), this says what the file computes, so it can be
 against the fake-quantized torch model and scored (perplexity) without a device.
 
 Semantics of a quantized operator, the one the quantized dialect ops state
-(``circle_fx.quant.qops``): dequantize every quantized input (``(q - zero_point) * scale``,
+(``circle_fx.dialect.quantized``): dequantize every quantized input (``(q - zero_point) * scale``,
 float32), compute the float op, quantize the result with the output tensor's parameters
 (``round(y * (1 / scale)) + zero_point``, half to even, clamped to the integer type). A
 plain tensor is used as stored. So QUANTIZE and DEQUANTIZE need no rule of their own, and

@@ -4,10 +4,13 @@
     def _(ctx, node):
         ctx.op(BO.NEG, [ctx.tensor(node.args[0])], [ctx.output(node)])
 
-The built-in lowerings (every module under ``circle_fx.emit.lowerings``, and the quantized
-ops' lowerings under ``circle_fx.quant.lowerings``: :data:`BUILTIN_PACKAGES`) are registered
+The built-in lowerings (every module under ``circle_fx.emit.lowerings``, the quantized
+ops' lowerings under ``circle_fx.quant.lowerings``, and the lowering each fusion family of
+``circle_fx.fusions`` carries for its own op: :data:`BUILTIN_PACKAGES`) are registered
 when ``circle_fx`` is imported, i.e. before any user code can call :func:`lowering`:
-a user lowering for a new op only adds to the table. Registering a target that already has
+a user lowering for a new op only adds to the table. A family's lowering
+(``FusionFamily.lowering``) is registered when the family is (:func:`_register_family`), a user
+family's too. Registering a target that already has
 a lowering replaces it and warns (``override=True`` says it is meant), so a typo'd or
 duplicated registration cannot silently change what an existing op becomes.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import warnings
 from typing import Callable
 
+from ..fusions.registry import on_register
 from ..source import op_name
 
 LOWERINGS: dict[object, Callable] = {}
@@ -70,11 +74,21 @@ def refusal(node) -> str | None:
     return why(NodeInfo(node), node)
 
 
-#: packages whose modules hold built-in lowerings (imported eagerly with circle_fx)
-BUILTIN_PACKAGES = ("circle_fx.emit.lowerings", "circle_fx.quant.lowerings")
+#: packages whose modules hold built-in lowerings (imported eagerly with circle_fx; the fusion
+#: families' lowerings are their ``FusionFamily.lowering``)
+BUILTIN_PACKAGES = ("circle_fx.emit.lowerings", "circle_fx.quant.lowerings", "circle_fx.fusions")
 
 
 def builtin_targets(packages=BUILTIN_PACKAGES) -> set:
     """Targets whose lowering is a built-in one (defined in a module under one of ``packages``)."""
     prefixes = tuple(f"{p}." for p in packages)
     return {t for t, fn in LOWERINGS.items() if getattr(fn, "__module__", "").startswith(prefixes)}
+
+
+def _register_family(family) -> None:
+    """Register the lowering a fusion family carries for its op (none: the op has its own)."""
+    if family.lowering is not None:
+        lowering(family.op, refuses=family.refuses)(family.lowering)
+
+
+on_register(_register_family)

@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node
-from ..ops_nhwc import conv2d_nhwc
+from ..dialect.nhwc import conv2d_nhwc
 
 aten = torch.ops.aten
 

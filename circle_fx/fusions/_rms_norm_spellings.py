@@ -26,18 +26,17 @@ import torch.fx as fx
 
 from ..fx_utils import (arguments, dtype_of, is_float, keep_if_like, look_through, make_node, number,
                        scaled_operand, shape_of)
+from ..op_traits import REDUCTION, SUMMING, VIEW
 
 aten = torch.ops.aten
-_REDUCTIONS = (aten.mean.dim, aten.sum.dim_IntList)
-_RESHAPES = (aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def readd_reduced_dim(n, g):
     """``unsqueeze/view(mean(v, dims, keepdim=False))`` to the keepdim shape -> keepdim=True."""
-    if n.target not in _RESHAPES or not is_float(n):
+    if n.target not in VIEW or not is_float(n):
         return None
     r = n.args[0]
-    if not isinstance(r, fx.Node) or r.target not in _REDUCTIONS:
+    if not isinstance(r, fx.Node) or not (r.target in SUMMING and r.target in REDUCTION):
         return None
     args = arguments(r)
     x, dims, keepdim = args[0], args[1], args[2]
@@ -94,7 +93,7 @@ def scaled_root_sum_to_root_mean(n, g):
 
 def _sum_of_squares(v) -> bool:
     v = look_through(v)
-    if not isinstance(v, fx.Node) or v.target not in _REDUCTIONS:
+    if not isinstance(v, fx.Node) or not (v.target in SUMMING and v.target in REDUCTION):
         return False
     sq = look_through(v.args[0])
     return isinstance(sq, fx.Node) and sq.target is aten.pow.Tensor_Scalar and number(sq.args[1]) == 2.0

@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import dtype_of, make_node, number, shape_of, static_shape
-from ..ops_nhwc import conv2d_nhwc
+from ..dialect.nhwc import conv2d_nhwc
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
 from ._conv_forms import check_no_activation, conv, conv_node, conv_read_by, ncl, nchw, rewrap
@@ -220,4 +220,4 @@ FAMILY = register_family(FusionFamily(
     composites={aten.batch_norm.default: batch_norm_affine,
                 aten._native_batch_norm_legit_no_training.default: legit_no_training_affine},
     candidates=(Candidate(_scaled_conv, hops=1, require_check=True),),
-    title="Conv+BatchNorm"))
+    title="Conv+BatchNorm", order=10))

@@ -8,8 +8,8 @@ form computes ``min(max(y, 0), 6)`` on the same ``y``: exact (measured in the te
 eager in onert, atol 0). The rules match the convolution as the decompositions leave it,
 ``permute(circle.conv2d_nhwc(...))`` (2-D) or ``permute(squeeze(...))`` (1-D), before the
 layout pass, and the channels-last form after it (``explain`` looks at the final graph);
-this family runs after ``conv_batch_norm`` (families run in module-name order), so a
-Conv -> BatchNorm -> ReLU block folds into one operator.
+this family runs after ``conv_batch_norm`` (``order`` 20 > 10), so a Conv -> BatchNorm -> ReLU
+block folds into one operator.
 
 Checks (named, for ``explain``): the result is floating point; the bounds are exactly
 ``(0, None)`` or ``(0, 6)`` (Circle has no other clamp to fuse: ``clamp(0, 4)`` stays a
@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import dtype_of, make_node, number
-from ..ops_nhwc import conv2d_nhwc
+from ..dialect.nhwc import conv2d_nhwc
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
 from ._conv_forms import check_no_activation, conv, conv_node, conv_read_by, ncl, nchw, rewrap
@@ -92,4 +92,5 @@ def _clamped_conv(n: fx.Node) -> bool:
 
 FAMILY = register_family(FusionFamily(
     "fused_activation", RULES, op=conv2d_nhwc,
-    candidates=(Candidate(_clamped_conv, hops=1, require_check=True),), title="Conv+ReLU"))
+    candidates=(Candidate(_clamped_conv, hops=1, require_check=True),), title="Conv+ReLU",
+    order=20))  # after conv_batch_norm: its rules match the convolution BatchNorm folded into

@@ -98,4 +98,4 @@ RULES = [Rewrite(fn.__name__, Pattern(fn), _replace, _CHECKS, produces="gelu")
 CANDIDATES = (Candidate(lambda n: n.target is aten.tanh.default, hops=3, require_check=True),)
 
 FAMILY = register_family(FusionFamily("gelu_tanh", RULES, op=aten.gelu.default, candidates=CANDIDATES,
-                                      title="GELU (tanh)"))
+                                      title="GELU (tanh)", order=30))

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 
 from ..fx_utils import dtype_of, make_node, number
 from ..meta import LINEAR_FORM
-from ..ops import define
-from ..ops_nhwc import ACTIVATIONS
+from ..dialect import define
+from ..dialect.nhwc import ACTIVATIONS
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
 from .registry import Candidate, FusionFamily, register_family
@@ -118,4 +118,4 @@ def _clamped_linear(n: fx.Node) -> bool:
 
 FAMILY = register_family(FusionFamily(
     "linear_activation", RULES, op=linear_act,
-    candidates=(Candidate(_clamped_linear, hops=1),), title="Linear+ReLU"))
+    candidates=(Candidate(_clamped_linear, hops=1),), title="Linear+ReLU", order=40))

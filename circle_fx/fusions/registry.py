@@ -1,16 +1,18 @@
 """The fusion-family registry: everything one kind of fusion owns, in one record.
 
-A :class:`FusionFamily` bundles what used to be spread over the passes, ``explain`` and
-the decompose and canonicalize steps: the rewrite rules (pattern + checks + replacement), the custom op they
-produce (each family module defines its op with :func:`circle_fx.ops.define`), the
-canonicalizing rules for other spellings, the composite aten ops that map straight onto that op (``aten.rms_norm`` ->
-``circle.rms_norm``), and the *candidate* hints ``explain`` uses to find subgraphs that
-look like the family but did not fuse. ``default_pipeline()``, the decompose pass and
-``explain`` iterate :func:`families`, so adding a family is one new module that calls
-:func:`register_family` (see ``circle_fx/fusions/rms_norm.py``).
+A :class:`FusionFamily` bundles what used to be spread over the passes, ``explain``, the
+emitter and the decompose and canonicalize steps: the rewrite rules (pattern + checks +
+replacement), the custom op they produce (each family module defines its op with
+:func:`circle_fx.dialect.define`, traits included), the op's lowering to Circle, the
+canonicalizing rules for other spellings, the composite aten ops that map straight onto that op
+(``aten.rms_norm`` -> ``circle.rms_norm``), the *candidate* hints ``explain`` uses to find
+subgraphs that look like the family but did not fuse, and where its fuse pass runs (``order``).
+``default_pipeline()``, the decompose pass, the emitter's lowering table and ``explain`` iterate
+:func:`families`, so adding a family with a new op is one new module that calls
+:func:`register_family` (``circle_fx/fusions/silu.py`` is the smallest complete one).
 
-This module imports neither the passes nor ``explain`` (they import it), so there is no
-import cycle.
+This module imports neither the passes, the emitter nor ``explain`` (they import it), so there
+is no import cycle: the emitter's registry learns of families through :func:`on_register`.
 """
 from __future__ import annotations
 
@@ -60,6 +62,15 @@ class FusionFamily:
     no_rule_hint: str = ""
     #: how messages name the family ("RMSNorm"); default: ``name``
     title: str = ""
+    #: where its fuse pass runs: ascending, ties in registration order (a family whose rules
+    #: match another's result runs after it: ``fused_activation`` after ``conv_batch_norm``)
+    order: int = 1000
+    #: the lowering of ``op`` when the family defines the op: ``fn(ctx, node)`` written against
+    #: ``LoweringContext`` like any built-in lowering (registered by ``circle_fx.emit.registry``);
+    #: None when ``op`` already has one (an aten op, or an op several families produce)
+    lowering: Optional[Callable] = None
+    #: the forms ``lowering`` refuses: ``why(info, node) -> str | None`` (see ``emit.registry``)
+    refuses: Optional[Callable] = None
 
     def __post_init__(self):
         self.title = self.title or self.name
@@ -72,6 +83,8 @@ class FusionFamily:
 
 
 _FAMILIES: dict[str, FusionFamily] = {}
+#: called with each family as it is registered (the emitter registers the family's lowering)
+_LISTENERS: list[Callable[[FusionFamily], None]] = []
 
 
 def register_family(family: FusionFamily) -> FusionFamily:
@@ -79,8 +92,19 @@ def register_family(family: FusionFamily) -> FusionFamily:
     if family.name in _FAMILIES and _FAMILIES[family.name] is not family:
         warnings.warn(f"fusion family {family.name!r} registered again; the new one replaces the old",
                       stacklevel=2)
+    if family.lowering is not None and family.op is None:
+        raise ValueError(f"fusion family {family.name!r} has a lowering but no op to lower")
     _FAMILIES[family.name] = family
+    for listener in _LISTENERS:
+        listener(family)
     return family
+
+
+def on_register(listener: Callable[[FusionFamily], None]) -> None:
+    """Call ``listener`` for every family registered so far and every one registered later."""
+    _LISTENERS.append(listener)
+    for family in list(_FAMILIES.values()):
+        listener(family)
 
 
 def unregister_family(name: str) -> FusionFamily:
@@ -88,8 +112,9 @@ def unregister_family(name: str) -> FusionFamily:
 
 
 def families() -> list[FusionFamily]:
-    """The registered families, in registration order (the fuse passes run in this order)."""
-    return list(_FAMILIES.values())
+    """The registered families in the order their fuse passes run: by ``order``, ties in
+    registration order."""
+    return sorted(_FAMILIES.values(), key=lambda f: f.order)
 
 
 def get_family(name: str) -> FusionFamily:
@@ -100,10 +125,10 @@ def get_family(name: str) -> FusionFamily:
 
 
 def canonical_rules() -> list:
-    """Every family's canonicalizing rules, in registration order."""
-    return [rule for f in _FAMILIES.values() for rule in f.canonical]
+    """Every family's canonicalizing rules, in family order."""
+    return [rule for f in families() for rule in f.canonical]
 
 
 def composite_rules() -> dict:
     """aten op -> (family, rule) for every composite a family owns."""
-    return {op: (f, rule) for f in _FAMILIES.values() for op, rule in f.composites.items()}
+    return {op: (f, rule) for f in families() for op, rule in f.composites.items()}

@@ -38,8 +38,9 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from ..fx_utils import CAST_OPS, arguments, dtype_of, look_through, make_node, shape_of, strip_casts
-from ..ops import define
+from ..fx_utils import arguments, dtype_of, look_through, make_node, shape_of, strip_casts
+from ..op_traits import CAST, SQUARING, SUMMING
+from ..dialect import define
 from ..patterns.matcher import Match
 from ..patterns.pattern import Pattern, optional_cast
 from ..patterns.rewrite import Rewrite
@@ -192,7 +193,7 @@ def _check_casts_to_float(m: Match):
     # optional_cast accepts any conversion; a cast to an integer or bool type rounds the
     # value, which the fused op would not
     for n in m.nodes:
-        if n.op == "call_function" and n.target in CAST_OPS and not dtype_of(n).is_floating_point:
+        if n.op == "call_function" and n.target in CAST and not dtype_of(n).is_floating_point:
             return f"{describe(n)} converts to {dtype_of(n)}, not a floating type"
     return None
 
@@ -232,7 +233,7 @@ def _check_projection_kept(m: Match):
         return (f"the projection computes in {dtype_of(proj)} and the result is {dtype_of(m.root)}, "
                 f"the normalised value {dtype_of(m['x'])}: not one precision")
     for n in m.nodes:
-        if n.target in CAST_OPS and dtype_of(n).itemsize < dtype_of(m["x"]).itemsize:
+        if n.target in CAST and dtype_of(n).itemsize < dtype_of(m["x"]).itemsize:
             return f"{describe(n)} rounds the scale to {dtype_of(n)}, narrower than the input's {dtype_of(m['x'])}"
     return None
 
@@ -326,8 +327,6 @@ def aten_rms_norm_to_circle(n: fx.Node, g: fx.Graph) -> fx.Node | None:
 
 # --------------------------------------------------------------- explain candidates
 
-_REDUCTIONS = {aten.mean.dim, aten.sum.dim_IntList, aten.mean.default, aten.sum.default}
-_SQUARE_LIKE = {aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.mul.Tensor, aten.square.default}
 #: how far downstream of a candidate an attempt's root may be (mul, rsqrt, add, mul, mul,
 #: cast: the longest RMSNorm spelling from the reduction to its last op)
 HOPS = 6
@@ -335,7 +334,7 @@ HOPS = 6
 
 def reduces_a_square(n: fx.Node) -> bool:
     v = strip_casts(n.args[0]) if n.args else None
-    return n.target in _REDUCTIONS and isinstance(v, fx.Node) and v.op == "call_function" and v.target in _SQUARE_LIKE
+    return n.target in SUMMING and isinstance(v, fx.Node) and v.op == "call_function" and v.target in SQUARING
 
 
 def _unweighted_fused(n: fx.Node) -> bool:
@@ -352,4 +351,4 @@ CANDIDATES = (
 FAMILY = register_family(FusionFamily(
     "rms_norm", RULES, op=rms_norm, composites={aten.rms_norm.default: aten_rms_norm_to_circle},
     candidates=CANDIDATES, canonical=SPELLINGS, title="RMSNorm",
-    no_rule_hint="no RMSNorm rule is rooted near it (nothing multiplies the input by its rsqrt scale)"))
+    no_rule_hint="no RMSNorm rule is rooted near it (nothing multiplies the input by its rsqrt scale)", order=50))

@@ -18,7 +18,7 @@ import math
 import torch
 
 from ..fx_utils import dtype_of, make_node, shape_of
-from ..ops import define
+from ..dialect import define
 from ..patterns.pattern import Pattern
 from ..patterns.rewrite import Rewrite
 from .registry import FusionFamily, register_family
@@ -94,4 +94,4 @@ RULES = [Rewrite("rope_rotate_half", Pattern(rope_rotate_half), _replace, (_chec
 
 # No explain candidates: a multi-position RoPE (every prefill, every plain export) is
 # *correctly* left decomposed, and listing each one as "not fused" would only be noise.
-FAMILY = register_family(FusionFamily("rope", RULES, op=rope, title="RoPE"))
+FAMILY = register_family(FusionFamily("rope", RULES, op=rope, title="RoPE", order=60))

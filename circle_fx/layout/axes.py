@@ -28,19 +28,10 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import erase_unused, infer_val, make_node, static_shape
-from .fold_views import VIEW_OPS
+from ..op_traits import ALONG_AXIS, AXIS_SIZED, FULL_REDUCTION, REDUCTION, SOFTMAX, SPLIT, VIEW
 
 aten = torch.ops.aten
 
-#: reductions ``op(x, dims, keepdim, ...)``
-REDUCTIONS = {aten.mean.dim, aten.sum.dim_IntList, aten.amax.default, aten.amin.default}
-#: whole-tensor reductions: the order of the elements does not matter
-FULL_REDUCTIONS = {aten.mean.default, aten.sum.default, aten.amax.default, aten.amin.default}
-SOFTMAXES = {aten._softmax.default, aten._log_softmax.default, aten.softmax.int, aten.log_softmax.int}
-#: ops ``op(x, dim, ...)`` computed along one axis whose result has ``x``'s shape
-ALONG_AXIS = SOFTMAXES | {aten.cumsum.default}
-#: ops ``op(x, dim, ...)`` that keep the rank and only change the axis' length
-AXIS_SIZED = {aten.slice.Tensor, aten.index_select.default}
 
 
 def _kept_order(perm: list[int], removed: set[int]) -> list[int]:
@@ -52,7 +43,7 @@ def _kept_order(perm: list[int], removed: set[int]) -> list[int]:
 
 def reduction(n: fx.Node, x: fx.Node, perm: list[int]):
     rank = len(perm)
-    if n.target in FULL_REDUCTIONS and (len(n.args) < 2 or not n.args[1]):
+    if n.target in FULL_REDUCTION and (len(n.args) < 2 or not n.args[1]):
         return (n.target, (x, *n.args[1:])), None  # every axis: the result (all ones with keepdim) has no order
     dims = n.args[1]
     if dims is None or isinstance(dims, int):
@@ -68,7 +59,7 @@ def along_axis(n: fx.Node, x: fx.Node, perm: list[int]):
         return None
     dim = n.args[1] % len(perm)
     last = len(perm) - 1
-    if n.target in SOFTMAXES and dim == last and perm[dim] != last:
+    if n.target in SOFTMAX and dim == last and perm[dim] != last:
         return None  # Circle's (LOG_)SOFTMAX runs on the last axis: moved, it would need two TRANSPOSEs
     return (n.target, (x, perm[dim], *n.args[2:])), perm
 
@@ -159,7 +150,7 @@ def reshape(n: fx.Node, x: fx.Node, perm: list[int]):
 def rule_for(n: fx.Node):
     """The rule that moves a permute of ``n``'s first argument past ``n``, or None."""
     t = n.target
-    if t in REDUCTIONS or t in FULL_REDUCTIONS:
+    if t in REDUCTION or t in FULL_REDUCTION:
         return reduction
     if t in ALONG_AXIS or t in AXIS_SIZED:
         return along_axis
@@ -167,7 +158,7 @@ def rule_for(n: fx.Node):
         return select
     if t is aten.index.Tensor:
         return index_one
-    if t in VIEW_OPS:
+    if t in VIEW:
         return reshape
     return None
 
@@ -194,8 +185,6 @@ def sink_cat(g: fx.Graph, n: fx.Node, is_layout_permute, mark) -> bool:
     return True
 
 
-#: ops ``op(x, sizes, dim)`` returning a list of pieces along ``dim`` (read through ``getitem``)
-SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default}
 
 
 def sink_split(g: fx.Graph, n: fx.Node, perm: list[int], mark) -> bool:
@@ -243,4 +232,4 @@ def sink_one(g: fx.Graph, n: fx.Node, rule, perm: list[int], mark) -> bool:
     return True
 
 
-__all__ = ["SPLITS", "rule_for", "sink_one", "sink_cat", "sink_split"]
+__all__ = ["rule_for", "sink_one", "sink_cat", "sink_split"]

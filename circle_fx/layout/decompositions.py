@@ -1,6 +1,6 @@
 """torch's NCHW convolutions and pools -> ``permute -> circle.*_nhwc -> permute``.
 
-Circle computes convolutions and pools channels-last (:mod:`circle_fx.ops_nhwc`). Each op
+Circle computes convolutions and pools channels-last (:mod:`circle_fx.dialect.nhwc`). Each op
 here becomes its NHWC custom op between a permute to NHWC and one back; alone that costs two
 TRANSPOSEs per op, but the layout pass (:mod:`circle_fx.layout.propagate`) moves the permutes
 through the elementwise ops between convolutions, and ``fold_views`` cancels the pairs that
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
+from ..dialect.nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 
 aten = torch.ops.aten
 

@@ -29,17 +29,11 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import fake_constant, make_node, shape_of, static_shape
+from ..op_traits import PERMUTE, RESHAPE, VIEW
 from ..patterns import Match, Rewrite, RewriteRules, op_pattern
 from ..program import add_constant
 
 aten = torch.ops.aten
-
-VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
-            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
-            aten.unflatten.int}
-#: view ops whose second argument is the full target shape (symbolic dims allowed)
-_SHAPE_ARG = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
-PERMUTE_OPS = {aten.permute.default, aten.transpose.int, aten.t.default}
 
 
 def _is(n, ops) -> bool:
@@ -68,7 +62,7 @@ def permutation(n: fx.Node) -> list[int]:
 
 def _view_source(n: fx.Node) -> fx.Node:
     src = n.args[0]
-    while _is(src, VIEW_OPS):
+    while _is(src, VIEW):
         src = src.args[0]
     return src
 
@@ -84,7 +78,7 @@ def static_target_shape(m: Match) -> str | None:
     """The folded reshape needs the target shape: a view/reshape names it (symbols allowed);
     for squeeze/unsqueeze/flatten it must be static."""
     n = m.root
-    if _same_shape(_view_source(n), n) or n.target in _SHAPE_ARG or static_shape(n) is not None:
+    if _same_shape(_view_source(n), n) or n.target in RESHAPE or static_shape(n) is not None:
         return None
     return f"{n.target.__name__}'s output shape {[str(d) for d in shape_of(n)]} is symbolic"
 
@@ -94,7 +88,7 @@ def fold_reshape(m: Match, g: fx.Graph) -> fx.Node:
     src = _view_source(n)
     if _same_shape(src, n):
         return src
-    shape = n.args[1] if n.target in _SHAPE_ARG else list(static_shape(n))
+    shape = n.args[1] if n.target in RESHAPE else list(static_shape(n))
     return make_node(g, aten.reshape.default, (src, shape), like=n)
 
 
@@ -103,7 +97,7 @@ def fold_reshape(m: Match, g: fx.Graph) -> fx.Node:
 def _repeat_parts(n: fx.Node):
     """``(x, unsqueeze, expand)`` of ``reshape(expand(view(x)))``, or None."""
     e = n.args[0]
-    if not (_is(e, {aten.expand.default}) and len(e.users) == 1 and _is(e.args[0], VIEW_OPS)):
+    if not (_is(e, {aten.expand.default}) and len(e.users) == 1 and _is(e.args[0], VIEW)):
         return None
     return e.args[0].args[0], e.args[0], e
 
@@ -157,7 +151,7 @@ def repeat_interleave(m: Match, g: fx.Graph) -> fx.Node:
 def _composed(n: fx.Node) -> tuple[list[int], fx.Node]:
     perm = permutation(n)
     src = n.args[0]
-    while _is(src, PERMUTE_OPS):
+    while _is(src, PERMUTE):
         inner = permutation(src)
         perm = [inner[p] for p in perm]
         src = src.args[0]
@@ -179,13 +173,13 @@ def fold_permute(m: Match, g: fx.Graph) -> fx.Node:
 
 def _rules() -> list[Rewrite]:
     rules = []
-    for t in sorted(VIEW_OPS, key=str):  # the reshape fold first, as each view op tries it first
+    for t in sorted(VIEW, key=str):  # the reshape fold first, as each view op tries it first
         rules.append(Rewrite("fold_reshape_chain", op_pattern(t, "fold_reshape_chain"), fold_reshape,
                              (reshape_of_a_view, static_target_shape), "one reshape"))
-    for t in sorted(VIEW_OPS, key=str):
+    for t in sorted(VIEW, key=str):
         rules.append(Rewrite("repeat_interleave", op_pattern(t, "repeat_interleave"), repeat_interleave,
                              (reshape_of_an_expanded_unit_dim, repeats_each_slice), "one GATHER"))
-    for t in sorted(PERMUTE_OPS, key=str):
+    for t in sorted(PERMUTE, key=str):
         rules.append(Rewrite("fold_permute_chain", op_pattern(t, "fold_permute_chain"), fold_permute,
                              (permute_of_a_permute,), "one permute"))
     return rules

@@ -35,30 +35,14 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node, shape_of, static_shape
+from ..dialect.nhwc import conv2d_nhwc
 from ..meta import LAYOUT_PERMUTE
-from ..ops_nhwc import conv2d_nhwc
+from ..op_traits import ELEMENTWISE, PERMUTE, SPLIT
 from ..pass_protocol import NodePass
-from .fold_views import PERMUTE_OPS, permutation
-from .axes import SPLITS, rule_for, sink_cat, sink_one, sink_split
-
-import torch.ao.quantization.fx._decomposed  # noqa: E402,F401  (defines torch.ops.quantized_decomposed.*)
+from .axes import rule_for, sink_cat, sink_one, sink_split
+from .fold_views import permutation
 
 aten = torch.ops.aten
-
-#: ops computed element by element (any extra arguments are scalars): a permute commutes with them
-ELEMENTWISE = {
-    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar,
-    aten.mul.Scalar, aten.div.Scalar, aten.rsub.Scalar, aten.rsub.Tensor, aten.maximum.default, aten.minimum.default,
-    aten.pow.Tensor_Scalar, aten.relu.default, aten.hardtanh.default, aten.clamp.default, aten.clamp_min.default,
-    aten.clamp_max.default, aten.sigmoid.default, aten.tanh.default, aten.gelu.default, aten.silu.default,
-    aten.hardswish.default, aten.hardsigmoid.default, aten.leaky_relu.default, aten.elu.default, aten.neg.default,
-    aten.exp.default, aten.abs.default, aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default,
-    aten.erf.default, aten.where.self, aten._to_copy.default, aten.to.dtype, aten.mish.default,
-    # per-tensor quantize / dequantize (PT2E): one scale and zero point for every element
-    torch.ops.quantized_decomposed.quantize_per_tensor.default,
-    torch.ops.quantized_decomposed.dequantize_per_tensor.default,
-}
-
 
 #: the permutes the convolution decompositions produce (to/from NHWC, to/from NLC); others
 #: (attention heads...) are left where the model put them
@@ -66,7 +50,7 @@ LAYOUT_PERMS = {(0, 2, 3, 1), (0, 3, 1, 2), (0, 2, 1)}
 
 
 def _is_permute(v) -> bool:
-    return isinstance(v, fx.Node) and v.op == "call_function" and v.target in PERMUTE_OPS
+    return isinstance(v, fx.Node) and v.op == "call_function" and v.target in PERMUTE
 
 
 def _is_layout_permute(v) -> bool:
@@ -126,7 +110,7 @@ def _carried(a, pieces: dict, memo: dict, depth: int = 12):
                 out = next(iter(perms.values()))
         elif a.target is operator.getitem:
             src = a.args[0]
-            if isinstance(src, fx.Node) and src.op == "call_function" and src.target in SPLITS:
+            if isinstance(src, fx.Node) and src.op == "call_function" and src.target in SPLIT:
                 q = _carried(src.args[0], pieces, memo, depth - 1)
                 out = q if q is not _ANY else None
         elif rule_for(a) is not None and isinstance(a.args[0], fx.Node):
@@ -166,7 +150,7 @@ def _takes(user: fx.Node, pieces: dict, memo: dict) -> bool:
         return False
     if _is_permute(user):
         return True  # composed with it (cancelled, for a convolution's permute to NHWC)
-    if user.target in SPLITS or user.target is aten.constant_pad_nd.default or user.target is operator.getitem:
+    if user.target in SPLIT or user.target is aten.constant_pad_nd.default or user.target is operator.getitem:
         return True
     if user.target is aten.cat.default:
         return all(_carried(a, pieces, memo) is not None for a in user.args[0])
@@ -191,7 +175,7 @@ class PropagateNHWC(NodePass):
             return False
         if n.target is aten.constant_pad_nd.default:
             return self._sink_pad(g, n)
-        if n.target in SPLITS:
+        if n.target in SPLIT:
             perm = permutation(x)
             pieces, memo = {piece: perm for piece in n.users}, {}
             if not all(_takes(user, pieces, memo) for piece in n.users for user in piece.users):

@@ -4,7 +4,7 @@ The default pipeline is ``decompose_composites -> rewrite_indexing -> complex_to
 canonicalize -> fold_constants -> dce -> fuse_<family>... -> merge_linears -> layout_nhwc -> fold_views -> dce
 -> nhwc_pads -> dce``: one fuse pass per registered fusion family
 (:mod:`circle_fx.fusions`), named ``fuse_<name>`` (``fuse_rms_norm`` for the built-in RMSNorm
-family), in registration order; then sibling linears merged and reshape/transpose chains folded.
+family), in the families' ``order`` (ties in registration order); then sibling linears merged and reshape/transpose chains folded.
 Users pass their own list to ``circle_fx.export(..., passes=[...])``, or edit a copy of
 the default (:func:`default_pipeline` returns a fresh, editable :class:`Pipeline`).
 After the user pipeline, :func:`finalize_pipeline` always runs (the decompose passes + folding + DCE, then
@@ -38,7 +38,7 @@ def fuse_rms_norm(record_failures: bool = False) -> FusePatterns:
 
 
 def fuse_passes(record_failures: bool = False) -> list[FusePatterns]:
-    """One fuse pass per registered family, in registration order."""
+    """One fuse pass per registered family, by the family's ``order`` (ties in registration order)."""
     return [fuse_family(f, record_failures) for f in families()]
 
 

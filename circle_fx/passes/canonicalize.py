@@ -15,8 +15,9 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from ..fx_utils import (CAST_OPS, SIDE_EFFECT_ONLY, arguments, dtype_of, is_float, is_noop, keep_if_like, look_through,
-                       make_node, number, scaled_operand, shape_of)
+from ..fx_utils import (arguments, dtype_of, is_float, is_noop, keep_if_like, look_through, make_node, number,
+                        scaled_operand, shape_of)
+from ..op_traits import CAST, SIDE_EFFECT_ONLY
 from ..fusions.registry import canonical_rules
 from ..pass_protocol import Pass
 
@@ -116,7 +117,7 @@ def merge_duplicate_casts(n, g):
     ``x.float() * rsqrt(x.float().pow(2).mean(-1))``) -> the first one, so patterns that
     say "the same ``x`` in both places" see one node. Only casts: they are pure and cheap,
     and merging arbitrary ops could create sharing that blocks other fusions."""
-    if n.target not in CAST_OPS or not n.args or not isinstance(n.args[0], fx.Node):
+    if n.target not in CAST or not n.args or not isinstance(n.args[0], fx.Node):
         return None
     for u in n.args[0].users:
         if (u is not n and u.op == "call_function" and u.target is n.target and u.args == n.args

@@ -24,20 +24,16 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import input_dependent, make_node, val
+from ..op_traits import ARITHMETIC, COMPLEX_PARTS, FFT, IDENTITY, VALUE_PRESERVING
 
 aten = torch.ops.aten
 
-#: ops applied to the real and imaginary parts alike (first argument is the complex tensor)
-_SHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
-              aten.squeeze.dim, aten.squeeze.dims, aten.expand.default, aten.permute.default,
-              aten.transpose.int, aten.slice.Tensor, aten.select.int, aten.clone.default, aten.alias.default,
-              aten.contiguous.default, aten.flatten.using_ints}
-_ARITH = {aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor}
-#: discrete Fourier transforms, written as matrix products (``_dft``)
-_FFT = {aten.fft_fft.default, aten.fft_fft2.default, aten.fft_fftn.default}
-_SUPPORTED = _SHAPE_OPS | _ARITH | _FFT | {aten.view_as_complex.default, aten.view_as_real.default,
-                                           aten._to_copy.default, aten.polar.default, aten.real.default,
-                                           aten.imag.default}
+#: ops applied to the real and imaginary parts alike (first argument is the complex tensor, the
+#: others shapes, dims or indices): moves, selections and identities
+_PARTWISE = VALUE_PRESERVING | IDENTITY
+#: every op this pass rewrites: those, complex + - * (``_arith``), the DFTs (written as matrix
+#: products: ``_dft``), the complex <-> real conversions and a same-dtype copy
+_SUPPORTED = _PARTWISE | ARITHMETIC | FFT | COMPLEX_PARTS | {aten._to_copy.default}
 
 
 def _is_complex(v) -> bool:
@@ -60,7 +56,7 @@ def complex_to_real(program) -> bool:
             return False
         if n.target is aten.mul.Tensor and n.kwargs:
             return False
-        if n.target in _FFT and _fft_dims(n) is None:
+        if n.target in FFT and _fft_dims(n) is None:
             return False
     parts: dict[fx.Node, tuple[fx.Node, fx.Node]] = {}
 
@@ -88,9 +84,9 @@ def complex_to_real(program) -> bool:
                 n.replace_all_uses_with(split(a[0], n)[t is aten.imag.default])
             elif t is aten._to_copy.default:
                 parts[n] = split(a[0], n)
-            elif t in _FFT:
+            elif t in FFT:
                 parts[n] = _dft(program.gm, n, split(a[0], n) or (a[0], None))
-            elif t in _SHAPE_OPS:
+            elif t in _PARTWISE:
                 re, im = split(a[0], n)
                 parts[n] = tuple(make_node(g, t, (p, *a[1:]), dict(n.kwargs), like=n) for p in (re, im))
             else:

@@ -8,7 +8,7 @@ one pass over the attributes: O(nodes + constants).
 """
 from __future__ import annotations
 
-from ..fx_utils import SIDE_EFFECT_ONLY
+from ..op_traits import SIDE_EFFECT_ONLY
 from ..pass_protocol import Pass
 
 

@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from ..fusion_log import FusionRecord
 from ..fusions import composite_rules
+from ..op_traits import APPROXIMATED
 from ..pass_protocol import Pass
 from ..patterns import RewriteRules
 from ..source import source_line
@@ -84,16 +85,14 @@ class DecomposeUnlowered(Pass):
     """Decompose every op that has no lowering into ops that do (when possible).
 
     ``defer``: ops left alone here (by default the approximate decompositions,
-    ``decompositions.APPROXIMATIONS``, so fusions see the exact op first);
+    ``op_traits.APPROXIMATED``, so fusions see the exact op first);
     ``finalize_pipeline`` passes none, so they are decomposed before emission."""
 
     name = "decompose"
 
     def __init__(self, defer=None) -> None:
         super().__init__()
-        from .decompositions import APPROXIMATIONS
-
-        self.defer = APPROXIMATIONS if defer is None else frozenset(defer)
+        self.defer = APPROXIMATED if defer is None else frozenset(defer)
 
     def run(self, program) -> bool:
         from .decompose_unlowered import decompose_unlowered

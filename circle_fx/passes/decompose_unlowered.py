@@ -32,7 +32,8 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from ..emit.registry import lowering_for, refusal
-from ..fx_utils import IDENTITY_OPS, input_dependent, is_noop, make_node, val
+from ..fx_utils import input_dependent, is_noop, make_node, val
+from ..op_traits import IDENTITY
 from ..program import add_constant
 from .decompositions import REFUSED_FORMS
 
@@ -59,7 +60,7 @@ class _Restricted(dict):
         for t in reversed(tables):
             for op, fn in t.items():
                 if (isinstance(op, torch._ops.OpOverload) and lowering_for(op) is None and _takes_tensor(op)
-                        and op not in IDENTITY_OPS):  # no-ops stay whole: Canonicalize removes them
+                        and op not in IDENTITY):  # no-ops stay whole: Canonicalize removes them
                     self[op] = fn
 
     def lookup(self, op, node: fx.Node | None = None):

@@ -411,7 +411,7 @@ def _narrow_sum(node) -> bool:
 def _flags(a) -> bool:
     """``a`` (an operand node or number) holds only 0 and 1: a bool tensor, a bool cast to
     another dtype, or a constant whose values are all 0 or 1."""
-    from ..fx_utils import CAST_OPS
+    from ..op_traits import CAST
     from ..program import fetch_attr
 
     if isinstance(a, (bool, int)):
@@ -421,7 +421,7 @@ def _flags(a) -> bool:
         return False
     if v.dtype == torch.bool:
         return True
-    if a.op == "call_function" and a.target in CAST_OPS:
+    if a.op == "call_function" and a.target in CAST:
         src = a.args[0].meta.get("val") if hasattr(a.args[0], "meta") else None
         return isinstance(src, torch.Tensor) and src.dtype == torch.bool
     if a.op == "get_attr":
@@ -497,11 +497,11 @@ REFUSED_FORMS = {
 }
 
 
-#: ops whose decomposition only approximates them (polynomials): the first ``decompose`` of the
-#: default pipeline leaves them for ``finalize_pipeline``'s, so fusion families see the exact op
-#: first (a hand-written exact GELU ``0.5 * x * (1 + erf(x / sqrt 2))`` can still fuse into one
-#: GELU, by a user's family too, before ``erf`` becomes EXP and polynomials)
-APPROXIMATIONS = frozenset({aten.erf.default, aten.acos.default, aten.asin.default})
+# ops whose decomposition only approximates them (polynomials: erf, acos, asin) are
+# ``op_traits.APPROXIMATED``: the first ``decompose`` of the default pipeline leaves them for
+# ``finalize_pipeline``'s, so fusion families see the exact op first (a hand-written exact GELU
+# ``0.5 * x * (1 + erf(x / sqrt 2))`` can still fuse into one GELU, by a user's family too,
+# before ``erf`` becomes EXP and polynomials)
 
 
 DECOMPOSITIONS = {

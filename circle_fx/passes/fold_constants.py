@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-from ..fx_utils import IDENTITY_OPS, MOVEMENT_OPS
+from ..op_traits import IDENTITY, MOVEMENT
 from ..meta import CONSTANT_NAMES, DEQUANTIZED_FROM
 from ..program import add_constant, fetch_attr
 from ..pass_protocol import Pass
@@ -135,7 +135,7 @@ def _moved_dequantized(n: fx.Node):
     only reshapes or moves (a 1-D convolution's weight gets a unit dim): its result holds the
     same integers' values, with the same scale."""
     src = n.args[0] if n.args else None
-    if n.target not in MOVEMENT_OPS | IDENTITY_OPS or not isinstance(src, fx.Node):
+    if n.target not in MOVEMENT | IDENTITY or not isinstance(src, fx.Node):
         return None
     tag = src.meta.get(DEQUANTIZED_FROM)
     return tag if tag is not None and not tag[0].per_channel else None

@@ -13,15 +13,15 @@ from __future__ import annotations
 import torch
 
 from ..fx_utils import arguments, erase_unused, look_through, make_node, shape_of
+from ..op_traits import RESHAPE
 from ..pass_protocol import Pass
 
 aten = torch.ops.aten
-_RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 
 
 def _unrepeated(node, heads):
     """``x`` if ``node`` is HF's ``repeat_kv(x, heads // x.heads)`` (4-D, static), else None."""
-    if not (node.op == "call_function" and node.target in _RESHAPES):
+    if not (node.op == "call_function" and node.target in RESHAPE):
         return None, []
     exp = look_through(node.args[0])
     if not (exp.op == "call_function" and exp.target is aten.expand.default):

@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from ..fx_utils import dtype_of, look_through, same_size, val
 from ..meta import INDEX_FACTS, IndexFacts
+from ..op_traits import ARANGE, ELEMENTWISE, EXPAND, IDENTITY, POSITION, VALUE_PRESERVING
 from ..pass_protocol import Pass
 
 aten = torch.ops.aten
@@ -52,13 +53,6 @@ def facts(n: fx.Node) -> IndexFacts:
         never_negative=frozenset(d for d, i in given if isinstance(i, fx.Node) and never_negative(i)))
 
 
-#: ops whose result is the same function of their (one) tensor input at every position
-_ELEMENTWISE = {aten.ne.Scalar, aten.eq.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar,
-                aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.add.Scalar, aten.sub.Scalar,
-                aten.mul.Scalar, aten.neg.default, aten._to_copy.default, aten.to.dtype, aten.clone.default,
-                aten.alias.default}
-
-
 def repeated_dims(n) -> set:
     """Dims of ``n`` along which all slices are equal: static size-1 dims, dims an ``expand``
     repeated, carried through elementwise ops with scalars and along-one-dim ops
@@ -71,14 +65,14 @@ def repeated_dims(n) -> set:
     if not isinstance(n, torch.fx.Node) or n.op != "call_function":
         return ones
     args = n.args
-    if n.target in (aten.expand.default, aten.expand_as.default, aten.broadcast_to.default):
+    if n.target in EXPAND:
         src = val(args[0])
         lead = rank - src.dim()
         inner = repeated_dims(args[0])
         return ones | set(range(lead)) | {d + lead for d, s in enumerate(src.shape) if same_size(s, 1)} \
             | {d + lead for d in inner}
     tensors = [a for a in args if isinstance(a, torch.fx.Node) and isinstance(val(a), torch.Tensor)]
-    if n.target in _ELEMENTWISE and len(tensors) == 1 and val(tensors[0]).dim() == rank:
+    if (n.target in ELEMENTWISE or n.target in IDENTITY) and len(tensors) == 1 and val(tensors[0]).dim() == rank:
         return ones | repeated_dims(tensors[0])
     if n.target in (aten.cumsum.default, aten.slice.Tensor) and val(args[0]).dim() == rank:
         return ones | (repeated_dims(args[0]) - {args[1] % rank})
@@ -90,25 +84,10 @@ def repeated_dims(n) -> set:
     return ones
 
 
-#: ops whose (index) result is a position, never negative: (op, tuple element or None)
-_POSITIONS = {(aten.topk.default, 1), (aten.sort.default, 1), (aten.max.dim, 1), (aten.min.dim, 1),
-              (aten.argmax.default, None), (aten.argmin.default, None)}
-
-
-#: ops that move or repeat values without changing them (non-negativity carries through)
-_SAME_VALUES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
-                aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints, aten.transpose.int,
-                aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.select.int}
-
-
-#: positions counted up from a start: never negative when the start is not
-_ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
-
-
 def _source(idx):
     """``idx`` with value-preserving moves (views, expands, slices) looked through."""
     idx = look_through(idx)
-    while idx.op == "call_function" and idx.target in _SAME_VALUES:
+    while idx.op == "call_function" and idx.target in VALUE_PRESERVING:
         idx = look_through(idx.args[0])
     return idx
 
@@ -117,7 +96,7 @@ def _first_position(idx) -> int | None:
     """The first value when ``idx`` is ``arange(start, ...)`` (+ constants) moved around, else None.
     Its values are then ``first .. first + size - 1``."""
     idx = _source(idx)
-    if idx.op == "call_function" and idx.target in _ARANGE:
+    if idx.op == "call_function" and idx.target in ARANGE:
         start = 0 if idx.target == aten.arange.default else idx.args[0]
         step = idx.args[2] if idx.target == aten.arange.start_step else 1
         return start if isinstance(start, int) and step == 1 else None
@@ -146,5 +125,5 @@ def never_negative(idx) -> bool:
     idx = _source(idx)
     if idx.op == "call_function" and idx.target is operator.getitem:
         src, i = idx.args
-        return (getattr(src, "target", None), i) in _POSITIONS
-    return (getattr(idx, "target", None), None) in _POSITIONS
+        return (getattr(src, "target", None), i) in POSITION
+    return (getattr(idx, "target", None), None) in POSITION

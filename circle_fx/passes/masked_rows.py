@@ -23,15 +23,11 @@ import torch
 import torch.fx as fx
 
 from ..fx_utils import make_node, static_shape, val
+from ..op_traits import ELEMENTWISE, IDENTITY, SOFTMAX
 from ..patterns import Match, Rewrite, op_pattern
 from ..source import op_name
-from ..layout.propagate import ELEMENTWISE
 
 aten = torch.ops.aten
-
-#: ops that keep rows apart given their weights (checked in ``_row_wise``)
-_PASS = {aten.clone.default, aten.alias.default, aten.dropout.default, aten.contiguous.default}
-_SOFTMAX = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default}
 
 
 def _mask_of(indices) -> tuple[int, fx.Node] | None:
@@ -59,14 +55,14 @@ def _row_wise(n: fx.Node, rows: set, p: int) -> bool:
         return not isinstance(v, torch.Tensor) or (static_shape(a) is not None and v.dim() <= inner)
 
     t = n.target
-    if t in ELEMENTWISE or t in _PASS:
+    if t in ELEMENTWISE or t in IDENTITY:
         return all(outside_ok(a) for a in n.args) and all(outside_ok(a) for a in n.kwargs.values())
     if t is aten.linear.default:
         return inner >= 1 and n.args[0] in rows and all(a not in rows and _weight(a) for a in n.args[1:])
     if t is aten.layer_norm.default:
         return (n.args[0] in rows and len(n.args[1]) <= inner
                 and all(a is None or (a not in rows and outside_ok(a)) for a in n.args[2:4]))
-    if t in _SOFTMAX:
+    if t in SOFTMAX:
         return n.args[0] in rows and n.args[1] % rank > p
     return False
 
@@ -143,7 +139,7 @@ def masked_rows(m: Match, g: fx.Graph) -> fx.Node | None:
     for v in order:
         args = fx.map_arg(v.args, lambda a: env.get(a, a))
         kwargs = fx.map_arg(v.kwargs, lambda a: env.get(a, a))
-        if v.target in _SOFTMAX:  # counted from the end: the mask's dims replaced one row dim
+        if v.target in SOFTMAX:  # counted from the end: the mask's dims replaced one row dim
             args = (args[0], args[1] % len(val(v).shape) - len(val(v).shape), *args[2:])
         env[v] = make_node(g, v.target, args, kwargs, like=v)
     full = env[values]

@@ -24,12 +24,12 @@ from typing import Any, Iterator
 import torch
 import torch.fx as fx
 
-from ..fx_utils import CAST_OPS, MOVEMENT_OPS, arguments, is_noop, look_through
+from ..fx_utils import arguments, is_noop, look_through
+from ..op_traits import CAST, COMMUTATIVE, MOVEMENT
 from ..source import describe, op_name, source_line
 from .pattern import Pattern, moved, optional_cast
 
 aten = torch.ops.aten
-COMMUTATIVE = {aten.add.Tensor, aten.mul.Tensor}
 
 
 @dataclass
@@ -136,7 +136,7 @@ class _Attempt:
 
     def maybe_cast(self, p, t, st):
         inner = look_through(t)
-        if isinstance(inner, fx.Node) and inner.op == "call_function" and inner.target in CAST_OPS:
+        if isinstance(inner, fx.Node) and inner.op == "call_function" and inner.target in CAST:
             st2 = st.fork()
             st2.covered.extend(_chain(t, inner))
             yield from self.value(p.args[0], inner.args[0], st2)
@@ -146,7 +146,7 @@ class _Attempt:
         ends, covered = [(t, [])], []
         while True:
             inner = look_through(ends[-1][0])
-            if not (isinstance(inner, fx.Node) and inner.op == "call_function" and inner.target in MOVEMENT_OPS):
+            if not (isinstance(inner, fx.Node) and inner.op == "call_function" and inner.target in MOVEMENT):
                 break
             covered = covered + _chain(ends[-1][0], inner)
             ends.append((inner.args[0], covered))

@@ -27,7 +27,7 @@ def optional_cast(x):
 
 def moved(x):
     """Pattern marker: ``x``, or ``x`` after any chain of data-movement ops (view, reshape,
-    transpose, permute, unsqueeze, squeeze, expand; ``fx_utils.MOVEMENT_OPS``), which the
+    transpose, permute, unsqueeze, squeeze, expand; ``op_traits.MOVEMENT``), which the
     match covers. Longer chains are tried first. What the chain does to the layout is for a
     rule check to judge (e.g. SmoothQuant's channel map, ``circle_fx/quant/smooth_rules.py``)."""
     if isinstance(x, fx.Proxy):

@@ -61,7 +61,8 @@ from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, Quantiz
                                                  SharedQuantizationSpec)
 
 from ..errors import InputError
-from ..fx_utils import CAST_OPS, IDENTITY_OPS, SIDE_EFFECT_ONLY, is_noop
+from ..fx_utils import is_noop
+from ..op_traits import CAST, CLAMP, IDENTITY, RELU, SIDE_EFFECT_ONLY
 from ..fusions.rms_norm import rms_norm
 from ..program import Program
 
@@ -431,7 +432,7 @@ def _weight(x: fx.Node, interior: tuple, constant: set) -> fx.Node | None:
 def _through(v, originals):
     """Walk up from a copy node through casts/reshapes the rewrite added, to a copied node."""
     while isinstance(v, fx.Node) and v not in originals and v.op == "call_function" and (
-            v.target in CAST_OPS or v.target in IDENTITY_OPS or v.target is aten.reshape.default):
+            v.target in CAST or v.target in IDENTITY or v.target is aten.reshape.default):
         v = v.args[0]
     return v
 
@@ -447,7 +448,7 @@ def _original_root(r: fx.Node, originals) -> fx.Node | None:
                 mine, theirs = u.all_input_nodes, orig.all_input_nodes
                 if len(mine) == len(theirs):
                     return theirs[mine.index(cur)]
-        nxt = [u for u in cur.users if u.op == "call_function" and u.target in CAST_OPS]
+        nxt = [u for u in cur.users if u.op == "call_function" and u.target in CAST]
         if len(cur.users) != 1 or not nxt:
             return None
         cur = nxt[0]
@@ -501,9 +502,9 @@ def _fusable_activation(conv: fx.Node) -> fx.Node | None:
     if len(users) != 1 or users[0].op != "call_function":
         return None
     u = users[0]
-    if u.target in (aten.relu.default, aten.relu_.default, aten.relu6.default):
+    if u.target in RELU:
         return u
-    if u.target in (aten.hardtanh.default, aten.hardtanh_.default, aten.clamp.default) and \
+    if u.target in CLAMP and \
             list(u.args[1:3]) == [0, 6]:
         return u
     return None

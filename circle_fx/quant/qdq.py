@@ -17,7 +17,7 @@ unchanged:
 - :class:`QDQLower` (last) first moves reshapes to the integer side of per-tensor Q/DQ
   (:func:`_views_inside`: a 1-D convolution reaches its 2-D form through a unit-height reshape),
   then turns each ``DQ -> op -> Q`` chain into one quantized op
-  (:mod:`.qops`) where the target has an integer kernel, and puts the
+  (:mod:`circle_fx.dialect.quantized`) where the target has an integer kernel, and puts the
   output parameters on every remaining Q (``meta[QUANT_META]``), which the emitter writes
   as the tensor's quantization. What stays is float islands: ``DEQUANTIZE -> float ops ->
   QUANTIZE``, which compute exactly what the fake-quantized torch graph computes.
@@ -38,16 +38,16 @@ import torch.fx as fx
 
 from ..circle.schema import QuantParams
 from ..errors import InputError
-from ..fx_utils import CAST_OPS, arguments, fake_constant, fake_mode_of, make_node
-from ..ops_nhwc import conv2d_nhwc
+from ..fx_utils import arguments, fake_constant, fake_mode_of, make_node
+from ..op_traits import CAST, VIEW
+from ..dialect.nhwc import conv2d_nhwc
 from ..fusions.linear_activation import linear_act
 from ..source import source_line
 from ..meta import DEQUANTIZED_FROM, QUANT_META, STORAGE_4BIT
 from ..fusions.rms_norm import reduces_a_square, rms_norm
 from ..program import add_constant, fetch_attr
 from ..pass_protocol import Pass
-from ..layout.fold_views import VIEW_OPS
-from . import qops
+from ..dialect import quantized as qops
 
 aten = torch.ops.aten
 
@@ -372,7 +372,7 @@ class QDQLower(_TargetPass):
         if is_dq(v) and activation_ok:
             s, zp, dt = _params(v)
             return (v.args[0], s, zp) if dt == dtype else None
-        if (constant_ok and v.op == "call_function" and v.target in CAST_OPS and isinstance(v.args[0], fx.Node)
+        if (constant_ok and v.op == "call_function" and v.target in CAST and isinstance(v.args[0], fx.Node)
                 and v.args[0].op == "get_attr" and v.meta["val"].dtype.is_floating_point):
             v = v.args[0]  # a widening the fusion added after constant folding (a float16 gamma): same integers
         tag = v.meta.get(DEQUANTIZED_FROM)
@@ -393,7 +393,7 @@ class QDQLower(_TargetPass):
 
 
 def _views_inside(g: fx.Graph) -> bool:
-    """Moves reshapes (``VIEW_OPS``; permutes stay on the float side: onert 0.1.0 has no uint8
+    """Moves reshapes (``op_traits.VIEW``; permutes stay on the float side: onert 0.1.0 has no uint8
     TRANSPOSE) to the integer side of per-tensor Q/DQ nodes (``is_q`` / ``is_dq``):
     ``view(DQ(q)) -> DQ(view(q))`` and ``Q(view(y)) -> view(Q(y))`` (exact: one scale and zero
     point for every element). A 1-D convolution runs as a 2-D one over a unit height, so its
@@ -401,7 +401,7 @@ def _views_inside(g: fx.Graph) -> bool:
     with the views outside, ``DQ -> conv -> Q`` is the chain the fusion looks for."""
     changed = False
     for v in list(g.nodes):
-        if v.op != "call_function" or v.target not in VIEW_OPS or getattr(v, "_erased", False):
+        if v.op != "call_function" or v.target not in VIEW or getattr(v, "_erased", False):
             continue
         src = v.args[0]
         if is_dq(src) and len(src.users) == 1:  # view(DQ(q)) -> DQ(view(q))
@@ -419,7 +419,7 @@ def _views_inside(g: fx.Graph) -> bool:
         if not is_q(q) or getattr(q, "_erased", False):
             continue
         v = q.args[0]
-        while (isinstance(v, fx.Node) and v.op == "call_function" and v.target in VIEW_OPS and len(v.users) == 1
+        while (isinstance(v, fx.Node) and v.op == "call_function" and v.target in VIEW and len(v.users) == 1
                and len(q.users) > 0):  # Q(view(y)) -> view(Q(y))
             with g.inserting_before(q):
                 inner = make_node(g, q.target, (v.args[0], *q.args[1:]), dict(q.kwargs), like=q)

@@ -32,7 +32,8 @@ import torch
 import torch.fx as fx
 
 from ..fusions.rms_norm import rms_norm
-from ..fx_utils import MOVEMENT_OPS, arguments, is_noop, look_through
+from ..fx_utils import arguments, is_noop, look_through
+from ..op_traits import MOVEMENT, RESHAPE
 from ..patterns import Pattern, Rewrite, moved, try_rewrite
 from ..program import fetch_attr
 from ..source import describe, source_line
@@ -235,7 +236,7 @@ def _labels_through(n: fx.Node, labels: dict):
             return torch.broadcast_to(lab[..., :1, :], out_shape)
         except RuntimeError:
             return f"{describe(n)}: V does not broadcast to the output {list(out_shape)}"
-    target = aten.reshape.default if n.target in (aten.view.default, aten._unsafe_view.default) else n.target
+    target = aten.reshape.default if n.target in RESHAPE else n.target
     return target(lab, *n.args[1:], **n.kwargs)
 
 
@@ -253,7 +254,7 @@ def _channel_map(m) -> tuple[torch.Tensor | None, str | None]:
     for n in sorted(m.nodes, key=order.__getitem__):
         if n is v or n is m.root:
             continue
-        if not (n.target in ATTENTION_OPS or n.target in MOVEMENT_OPS or is_noop(n)):
+        if not (n.target in ATTENTION_OPS or n.target in MOVEMENT or is_noop(n)):
             return None, f"{describe(n)} is not data movement or the attention"
         out = _labels_through(n, labels)
         if isinstance(out, str):
@@ -326,7 +327,7 @@ def _candidate_kind(n: fx.Node) -> str | None:
     if isinstance(x, fx.Node) and x.target is aten.mul.Tensor and any(
             isinstance(a, fx.Node) and look_through(a).target is aten.linear.default for a in x.args):
         return "up_proj"
-    while isinstance(x, fx.Node) and x.op == "call_function" and x.target in MOVEMENT_OPS:
+    while isinstance(x, fx.Node) and x.op == "call_function" and x.target in MOVEMENT:
         x = look_through(x.args[0])
     return "v_proj" if isinstance(x, fx.Node) and x.target in ATTENTION_OPS else None
 

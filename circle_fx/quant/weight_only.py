@@ -13,7 +13,7 @@ embedding, or named ``lm_head``) follows ``QuantConfig.lm_head``.
 For every constant weight it computes, once and at compile time, int8 values with one
 symmetric scale per output row (``scale = max|row| / 127``), and rewrites its users:
 ``aten.linear`` -> ``circle.linear_w8``, ``aten.embedding`` -> ``circle.embedding_w8``
-(see :mod:`circle_fx.quant.ops`); a ``circle.linear_act`` (a linear with the ReLU / ReLU6 the
+(see :mod:`circle_fx.dialect.weights`); a ``circle.linear_act`` (a linear with the ReLU / ReLU6 the
 ``linear_activation`` family fused) is a linear too and keeps its activation. The float weight is then unused and dropped by DCE, so
 the graph never holds a float and a quantized copy of the same weight side by side; the
 rows are quantized in chunks of ~4 MiB, so no full-size float temporary exists either.
@@ -59,9 +59,9 @@ from .config import QuantConfig
 from ..circle import ggml
 from .config import GGML_MODES, SENSITIVE_LINEARS
 from .ggml import mapped_empty, pack as ggml_pack
-from ..ops_nhwc import conv2d_nhwc
+from ..dialect.nhwc import conv2d_nhwc
 from ..fusions.linear_activation import linear_act
-from .ops import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
+from ..dialect.weights import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 
 aten = torch.ops.aten
 

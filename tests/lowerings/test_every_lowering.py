@@ -20,9 +20,10 @@ from circle_fx.emit.registry import LOWERINGS, builtin_targets
 from circle_fx.quant.lowerings import static
 from circle_fx.fusions.rms_norm import rms_norm
 from circle_fx.fusions.rope import rope
+from circle_fx.fusions.silu import silu
 from circle_fx.fusions.linear_activation import linear_act
-from circle_fx.ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
-from circle_fx.quant.ops import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
+from circle_fx.dialect.nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
+from circle_fx.dialect.weights import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 from circle_fx.source import op_name
 
 from onert_eager import Fn, assert_onert_matches_eager
@@ -281,6 +282,7 @@ CASES = {
     aten.new_zeros.default: (Fn(lambda x: x + x.new_zeros((4,))), (X,)),
     aten.new_full.default: (Fn(lambda x: x + x.new_full((4,), 2.5)), (X,)),
     rope: (Fn(rope), (r(1, 2, 1, 8), r(1, 1, 8, seed=1), r(1, 1, 8, seed=2))),  # one position; 3-D tables reshaped
+    silu: (Fn(silu), (A * 3,)),  # the silu family's own lowering (TANH form)
     # int8 weights (onert's hybrid FC quantizes each input row to int8: rows of integers whose
     # largest magnitude is 127 are quantized exactly, so the comparison stays at float noise)
     linear_w8: (W8Linear(), (torch.tensor([[[127., -3, 5, 0], [-127, 64, 1, 2], [7, 127, -9, 3]]] * 2),)),

@@ -14,14 +14,11 @@ called with ``is_causal`` (the caller's constant triangle handles that case).
 """
 from __future__ import annotations
 
-import math
-
+from ._attention_scores import probabilities
 from ._common import BO, options
 
 
-def sdpa_grouped(ctx, node, q, k, v, mask, scale, apply_mask):
-    """``apply_mask``: the caller's ``(ctx, scores, dims, hint, mask, dt, dynamic)`` masking
-    step, passed in so that this helper does not import its caller back."""
+def sdpa_grouped(ctx, node, q, k, v, mask, scale):
     dt = ctx.dtype(node)
     b, h, L, e = ctx.shape_hint(q)
     kb, hk, S, _ = ctx.shape_hint(k)
@@ -35,16 +32,10 @@ def sdpa_grouped(ctx, node, q, k, v, mask, scale, apply_mask):
     ctx.op(BO.BATCH_MATMUL, [qg, ctx.tensor(k)], [grouped], options("BatchMatMulOptions", adjointRhs=True))
     scores = ctx.new_tensor([b, h, L, S], dt, "scores")
     ctx.op(BO.RESHAPE, [grouped, ctx.int_const([b, h, L, S])], [scores])
-    scale = 1.0 / math.sqrt(e) if scale is None else scale
-    logits = ctx.new_tensor([b, h, L, S], dt, "scaled")
-    ctx.op(BO.MUL, [scores, ctx.tensor(float(scale), dt)], [logits], options("MulOptions"))
-    dims = [b, h, L, S]
-    if mask is not None:
-        logits, dims, _ = apply_mask(ctx, logits, dims, list(dims), mask, dt, False)
+    probs, dims, _ = probabilities(ctx, scores, [b, h, L, S], [b, h, L, S], q=q, k=k, mask=mask, scale=scale,
+                                   is_causal=False, dynamic=False, dt=dt)
     if list(dims) != [b, h, L, S]:
         raise ctx.error(f"a mask that broadcasts the scores to {dims} is not supported with grouped K/V heads")
-    probs = ctx.new_tensor([b, h, L, S], dt, "probs")
-    ctx.op(BO.SOFTMAX, [logits], [probs], options("SoftmaxOptions", beta=1.0))
     probs_g = ctx.new_tensor([b, hk, rep * L, S], dt, "probs_grouped")
     ctx.op(BO.RESHAPE, [probs, ctx.int_const([b, hk, rep * L, S])], [probs_g])
     out_g = ctx.new_tensor([b, hk, rep * L, ev], dt, "out_grouped")

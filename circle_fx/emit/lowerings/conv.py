@@ -2,7 +2,7 @@
 MAX_POOL_2D, AVERAGE_POOL_2D.
 
 Padding: Circle has only SAME and VALID. Each spatial dim's explicit ``[before, after]``
-padding (``ops_nhwc``) is compared with what SAME would pad; when they agree the op uses SAME,
+padding (``dialect.nhwc``) is compared with what SAME would pad; when they agree the op uses SAME,
 otherwise a PAD (zeros; ``-inf`` for max pools, which never wins a max) in front and VALID.
 Rows that torch pads but no window reads are not padded.
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ...fx_utils import arguments
-from ...ops_nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
+from ...dialect.nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from ..registry import lowering
 from ...circle.schema import QuantParams
 from ._common import ACTIVATION as _ACTIVATION, BO, options

@@ -29,7 +29,7 @@ from ...circle.schema import BO, make_options as options
 from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.registry import lowering
 from ...fx_utils import arguments
-from ..ops import embedding_ggml, ggml_in_features, linear_ggml
+from ...dialect.weights import embedding_ggml, ggml_in_features, linear_ggml
 
 
 def _weight(ctx, blocks, kind: str, what: str) -> int:

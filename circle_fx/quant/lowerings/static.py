@@ -26,7 +26,7 @@ from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.lowerings.conv import convolution
 from ...emit.registry import lowering
 from ...fx_utils import arguments
-from .. import qops
+from ...dialect import quantized as qops
 
 _QD = torch.ops.quantized_decomposed
 

@@ -35,7 +35,7 @@ from ...emit.lowerings._fc import fully_connected, rows_input
 from ...emit.lowerings.conv import convolution
 from ...fx_utils import arguments
 from ...emit.registry import lowering
-from ..ops import conv2d_w8, embedding_w8, linear_w8
+from ...dialect.weights import conv2d_w8, embedding_w8, linear_w8
 
 _HYBRID = QuantParams(1.0, 0)
 

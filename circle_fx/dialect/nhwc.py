@@ -21,12 +21,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-_lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
-_lib.define("conv2d_nhwc(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
-            "int groups, str activation=\"none\") -> Tensor")
-_lib.define("max_pool2d_nhwc(Tensor x, int[] kernel, int[] stride, int[] padding) -> Tensor")
-_lib.define("avg_pool2d_nhwc(Tensor x, int[] kernel, int[] stride, int[] padding, bool ceil_mode, "
-            "bool count_include_pad, int? divisor_override) -> Tensor")
+from .base import define
+
 
 
 def _nchw(x: torch.Tensor) -> torch.Tensor:
@@ -68,13 +64,10 @@ def _avg_pool2d(x, kernel, stride, padding, ceil_mode: bool, count_include_pad: 
                               divisor_override))
 
 
-for _name, _fn in (("conv2d_nhwc", _conv2d), ("max_pool2d_nhwc", _max_pool2d), ("avg_pool2d_nhwc", _avg_pool2d)):
-    _lib.impl(_name, _fn, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"circle::{_name}", _fn, lib=_lib)
-
-conv2d_nhwc = torch.ops.circle.conv2d_nhwc.default
-max_pool2d_nhwc = torch.ops.circle.max_pool2d_nhwc.default
-avg_pool2d_nhwc = torch.ops.circle.avg_pool2d_nhwc.default
-
-#: the ops whose first argument and result are NHWC (the layout pass moves permutes around them)
-NHWC_OPS = (conv2d_nhwc, max_pool2d_nhwc, avg_pool2d_nhwc)
+# the fake kernel is the eager one on fake tensors; no traits: a permute never moves through them
+conv2d_nhwc = define("conv2d_nhwc(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
+                     "int[] dilation, int groups, str activation=\"none\") -> Tensor", _conv2d, _conv2d)
+max_pool2d_nhwc = define("max_pool2d_nhwc(Tensor x, int[] kernel, int[] stride, int[] padding) -> Tensor",
+                         _max_pool2d, _max_pool2d)
+avg_pool2d_nhwc = define("avg_pool2d_nhwc(Tensor x, int[] kernel, int[] stride, int[] padding, bool ceil_mode, "
+                         "bool count_include_pad, int? divisor_override) -> Tensor", _avg_pool2d, _avg_pool2d)

@@ -28,17 +28,9 @@ from typing import Optional
 
 import torch
 
-from .. import ops_nhwc  # noqa: F401  (circle.conv2d_nhwc, which conv2d_w8 computes with)
-from ..ops_nhwc import ACTIVATIONS
 from ..circle import ggml
-
-_lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
-_lib.define("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, str activation=\"none\") -> Tensor")
-_lib.define("embedding_w8(Tensor table, Tensor scale, int zero_point, Tensor indices) -> Tensor")
-_lib.define("linear_ggml(Tensor x, Tensor blocks, str kind, Tensor? bias, str activation=\"none\") -> Tensor")
-_lib.define("embedding_ggml(Tensor blocks, str kind, Tensor indices) -> Tensor")
-_lib.define("conv2d_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int[] stride, int[] padding, "
-            "int[] dilation, int groups, str activation=\"none\") -> Tensor")
+from .base import define
+from .nhwc import ACTIVATIONS, conv2d_nhwc
 
 
 def _linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -93,22 +85,16 @@ def _embedding_ggml_fake(blocks, kind, indices):
 
 def _conv2d_w8(x, weight, scale, bias, stride, padding, dilation, groups: int, activation: str = "none"):
     w = weight.to(x.dtype) * scale.to(x.dtype).reshape(-1, 1, 1, 1)
-    return torch.ops.circle.conv2d_nhwc.default(x, w, bias, stride, padding, dilation, groups, activation)
+    return conv2d_nhwc(x, w, bias, stride, padding, dilation, groups, activation)
 
 
-_lib.impl("conv2d_w8", _conv2d_w8, "CompositeExplicitAutograd")
-torch.library.register_fake("circle::conv2d_w8", _conv2d_w8, lib=_lib)
-_lib.impl("linear_ggml", _linear_ggml, "CompositeExplicitAutograd")
-_lib.impl("embedding_ggml", _embedding_ggml, "CompositeExplicitAutograd")
-torch.library.register_fake("circle::linear_ggml", _linear_ggml_fake, lib=_lib)
-torch.library.register_fake("circle::embedding_ggml", _embedding_ggml_fake, lib=_lib)
-_lib.impl("linear_w8", _linear_w8, "CompositeExplicitAutograd")
-_lib.impl("embedding_w8", _embedding_w8, "CompositeExplicitAutograd")
-torch.library.register_fake("circle::linear_w8", _linear_w8_fake, lib=_lib)
-torch.library.register_fake("circle::embedding_w8", _embedding_w8_fake, lib=_lib)
-
-linear_w8 = torch.ops.circle.linear_w8.default
-embedding_w8 = torch.ops.circle.embedding_w8.default
-linear_ggml = torch.ops.circle.linear_ggml.default
-embedding_ggml = torch.ops.circle.embedding_ggml.default
-conv2d_w8 = torch.ops.circle.conv2d_w8.default
+linear_w8 = define("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, str activation=\"none\") -> Tensor",
+                   _linear_w8, _linear_w8_fake)
+embedding_w8 = define("embedding_w8(Tensor table, Tensor scale, int zero_point, Tensor indices) -> Tensor",
+                      _embedding_w8, _embedding_w8_fake)
+linear_ggml = define("linear_ggml(Tensor x, Tensor blocks, str kind, Tensor? bias, str activation=\"none\") -> Tensor",
+                     _linear_ggml, _linear_ggml_fake)
+embedding_ggml = define("embedding_ggml(Tensor blocks, str kind, Tensor indices) -> Tensor",
+                        _embedding_ggml, _embedding_ggml_fake)
+conv2d_w8 = define("conv2d_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int[] stride, int[] padding, "
+                   "int[] dilation, int groups, str activation=\"none\") -> Tensor", _conv2d_w8, _conv2d_w8)

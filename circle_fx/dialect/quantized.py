@@ -16,28 +16,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import ops_nhwc  # noqa: F401  (circle.conv2d_nhwc, which q_conv2d computes with)
-from ..ops_nhwc import ACTIVATIONS
-from ..fusions.rms_norm import rms_norm_eager
-
-_lib = torch.library.Library("circle", "FRAGMENT")  # noqa: keep a reference for the process lifetime
-_lib.define("q_linear(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
-            "float out_scale, int out_zp, str activation=\"none\") -> Tensor")
-_lib.define("q_linear_pc(Tensor x, float x_scale, int x_zp, Tensor w, Tensor w_scales, Tensor w_zps, Tensor? bias, "
-            "float out_scale, int out_zp) -> Tensor")
-_lib.define("q_add(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
-            "float out_scale, int out_zp) -> Tensor")
-_lib.define("q_mul(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
-            "float out_scale, int out_zp) -> Tensor")
-_lib.define("q_embedding(Tensor w, float w_scale, int w_zp, Tensor ids, float out_scale, int out_zp) -> Tensor")
-_lib.define("q_rms_norm(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, float eps, "
-            "float out_scale, int out_zp) -> Tensor")
-
-
-_lib.define("q_conv2d(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
-            "int[] stride, int[] padding, int[] dilation, int groups, str activation, "
-            "float out_scale, int out_zp) -> Tensor")
-
+from .base import define
+from .nhwc import ACTIVATIONS, conv2d_nhwc
 
 def dequantize(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
     """``(q - zp) * scale`` in float32, as ``quantized_decomposed.dequantize_per_tensor``."""
@@ -72,15 +52,15 @@ def _linear_pc_fake(x, x_scale, x_zp, w, w_scales, w_zps, bias: Optional[torch.T
 def _q_conv2d(x, x_scale, x_zp, w, w_scale, w_zp, bias, stride, padding, dilation, groups: int, activation: str,
               out_scale, out_zp):
     """``circle.conv2d_nhwc`` (NHWC, explicit pads, fused activation) on dequantized operands."""
-    y = torch.ops.circle.conv2d_nhwc.default(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), bias,
-                                             stride, padding, dilation, groups, activation)
+    y = conv2d_nhwc(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), bias,
+                    stride, padding, dilation, groups, activation)
     return quantize(y, out_scale, out_zp, x.dtype)
 
 
 def _conv2d_fake(x, x_scale, x_zp, w, w_scale, w_zp, bias, stride, padding, dilation, groups, activation,
                  out_scale, out_zp):
-    y = torch.ops.circle.conv2d_nhwc.default(torch.empty_like(x, dtype=torch.float32), torch.empty_like(w, dtype=torch.float32),
-                                             None, stride, padding, dilation, groups, activation)
+    y = conv2d_nhwc(torch.empty_like(x, dtype=torch.float32), torch.empty_like(w, dtype=torch.float32),
+                    None, stride, padding, dilation, groups, activation)
     return torch.empty_like(y, dtype=x.dtype)
 
 
@@ -91,7 +71,8 @@ def _q_binary(fn):
 
 
 def _q_rms_norm(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
-    y = rms_norm_eager(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), eps)
+    # circle.rms_norm (the RMSNorm family's op, defined by the time a graph runs: circle_fx imports the families)
+    y = torch.ops.circle.rms_norm.default(dequantize(x, x_scale, x_zp), dequantize(w, w_scale, w_zp), eps)
     return quantize(y, out_scale, out_zp, x.dtype)
 
 
@@ -116,19 +97,28 @@ def _rms_fake(x, x_scale, x_zp, w, w_scale, w_zp, eps, out_scale, out_zp):
     return torch.empty_like(x)
 
 
-for _name, _eager, _fake in (("q_linear", _q_linear, _linear_fake), ("q_linear_pc", _q_linear_pc, _linear_pc_fake),
-                             ("q_add", _q_binary(torch.add), _binary_fake),
-                             ("q_mul", _q_binary(torch.mul), _binary_fake),
-                             ("q_rms_norm", _q_rms_norm, _rms_fake),
-                             ("q_embedding", _q_embedding, _embedding_fake),
-                             ("q_conv2d", _q_conv2d, _conv2d_fake)):
-    _lib.impl(_name, _eager, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"circle::{_name}", _fake, lib=_lib)
-
-q_linear = torch.ops.circle.q_linear.default
-q_linear_pc = torch.ops.circle.q_linear_pc.default
-q_add = torch.ops.circle.q_add.default
-q_mul = torch.ops.circle.q_mul.default
-q_rms_norm = torch.ops.circle.q_rms_norm.default
-q_embedding = torch.ops.circle.q_embedding.default
-q_conv2d = torch.ops.circle.q_conv2d.default
+#: the schema of each op, then ``define`` with its eager and fake kernels; no traits: each one
+#: reads scales and zero points a pass must keep with its operands
+_SCHEMA = {
+    "q_linear": "q_linear(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
+                "float out_scale, int out_zp, str activation=\"none\") -> Tensor",
+    "q_linear_pc": "q_linear_pc(Tensor x, float x_scale, int x_zp, Tensor w, Tensor w_scales, Tensor w_zps, "
+                   "Tensor? bias, float out_scale, int out_zp) -> Tensor",
+    "q_add": "q_add(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
+             "float out_scale, int out_zp) -> Tensor",
+    "q_mul": "q_mul(Tensor a, float a_scale, int a_zp, Tensor b, float b_scale, int b_zp, "
+             "float out_scale, int out_zp) -> Tensor",
+    "q_embedding": "q_embedding(Tensor w, float w_scale, int w_zp, Tensor ids, float out_scale, int out_zp) -> Tensor",
+    "q_rms_norm": "q_rms_norm(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, float eps, "
+                  "float out_scale, int out_zp) -> Tensor",
+    "q_conv2d": "q_conv2d(Tensor x, float x_scale, int x_zp, Tensor w, float w_scale, int w_zp, Tensor? bias, "
+                "int[] stride, int[] padding, int[] dilation, int groups, str activation, "
+                "float out_scale, int out_zp) -> Tensor",
+}
+q_linear = define(_SCHEMA["q_linear"], _q_linear, _linear_fake)
+q_linear_pc = define(_SCHEMA["q_linear_pc"], _q_linear_pc, _linear_pc_fake)
+q_add = define(_SCHEMA["q_add"], _q_binary(torch.add), _binary_fake)
+q_mul = define(_SCHEMA["q_mul"], _q_binary(torch.mul), _binary_fake)
+q_rms_norm = define(_SCHEMA["q_rms_norm"], _q_rms_norm, _rms_fake)
+q_embedding = define(_SCHEMA["q_embedding"], _q_embedding, _embedding_fake)
+q_conv2d = define(_SCHEMA["q_conv2d"], _q_conv2d, _conv2d_fake)
