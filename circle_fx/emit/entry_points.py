@@ -24,6 +24,8 @@ Names: the main graph's inputs and outputs are ``<entry>.<name>`` (``prefill.inp
 """
 from __future__ import annotations
 
+import hashlib
+
 import json
 from dataclasses import dataclass, field, replace
 
@@ -32,7 +34,7 @@ from circle_schema import circle
 
 from ..circle.dedup import duplicates
 from ..circle.schema import BO, CIRCLE_TO_NUMPY, TT
-from .builder import ModelBuilder, OperatorInfo, Stacked, TensorInfo
+from .builder import LazyParts, ModelBuilder, OperatorInfo, Stacked, TensorInfo
 from .index_limits import LIMITS_METADATA
 
 #: the main graph's bool input: True runs the first entry point, False the second
@@ -62,7 +64,17 @@ class DispatchBuilder(ModelBuilder):
 
 def _key(buf):
     """Identity of a lazily stacked weight (merged q/k/v): the arrays it stacks. Two entry points
-    that merged the same weights hold the same arrays (export_llm shares its weight cache)."""
+    that merged the same weights hold the same arrays (export_llm shares its weight cache); a
+    checkpoint weight not yet read (:class:`~circle_fx.emit.builder.LazyParts`) by the digest of
+    its bytes, streamed one part at a time: the two entry points reach the same checkpoint tensor
+    through different ops (prefill's 1x1 CONV_2D filter is decode's FC weight reshaped), so their
+    lazy keys differ where their bytes do not. A 256-bit digest: no pair of distinct weights is
+    expected to collide, and reading them again to compare would double the checkpoint reads."""
+    if isinstance(buf, LazyParts):
+        h = hashlib.blake2b(digest_size=32)
+        for chunk in buf.chunks():
+            h.update(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
+        return ("lazy", buf.nbytes, h.digest())
     return tuple((p.__array_interface__["data"][0], p.nbytes, p.dtype.str) for p in buf.parts)
 
 

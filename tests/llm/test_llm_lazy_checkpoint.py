@@ -159,3 +159,22 @@ def test_lazy_ops_are_deferred_and_read_when_asked():
     assert [shape for _, shape in lazy.READS] == [()]
     with pytest.raises(InputError, match="x: read"):
         lazy.LazyTensor((4,), torch.float32, lambda: t, "x").materialize()
+
+
+def test_streamed_float_weights_are_stored_once_in_model_circle(tmp_path, monkeypatch):
+    """Every lazy constant streamed by the writer (threshold 0, as a big model's are): the two entry
+    points reach each checkpoint tensor through different ops (prefill's CONV_2D filter, decode's FC
+    weight), and model.circle must still hold it once: as many bytes as the in-memory export's file
+    (a streamed weight is deduplicated by the digest of its bytes, an in-memory one by its bytes, so
+    the buffer order may differ, not the size)."""
+    import circle_fx.emit.context as context
+
+    d = str(tmp_path / "llama")
+    tiny("llama").save_pretrained(d)
+    ref, _ = load_checkpoint(d, tokenizer=False, lazy=False)
+    lz, _ = load_checkpoint(d, tokenizer=False)
+    a = _export(ref, None)
+    monkeypatch.setattr(context, "_LAZY_MIN_BYTES", 0)
+    b = _export(lz, None)
+    assert len(b.model.to_bytes()) == len(a.model.to_bytes())
+    assert len(b.model.to_bytes()) < len(b.decode.to_bytes()) + len(b.prefill.to_bytes()) - 40_000
