@@ -36,6 +36,7 @@ import torch.fx as fx
 from .emit.registry import refusal
 from .fusions import families
 from .passes import default_pipeline, finalize_pipeline, fuse_family, run_passes
+from .passes.fuse import FusePatterns
 from .patterns import RewriteRules
 from .patterns.matcher import MatchFailure
 from .patterns.rewrite import try_rewrite
@@ -169,7 +170,7 @@ def explain_program(program) -> ExplainResult:
     if SEES_GRAPH_AFTER in pipeline.names():
         pipeline.insert_after(SEES_GRAPH_AFTER, smooth_quant_candidates)
     for p in pipeline:  # the rule passes no family owns (rewrite_indexing, fold_views) keep their near misses
-        if isinstance(p, RewriteRules):
+        if isinstance(p, RewriteRules) and not isinstance(p, FusePatterns):  # fusions: their own passes above
             p.record_failures = True
     run_passes(program, pipeline)
     family_patterns = {id(r.pattern) for _, fuse in fuses for r in fuse.rules}

@@ -11,27 +11,18 @@ With ``record_failures=True`` failed attempts that got some way in are kept in
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 from ..fusion_log import FusionRecord  # noqa: F401  (re-exported: circle_fx.passes.FusionRecord)
 from ..patterns.rewrite import Rewrite, apply, try_rewrite
+from ..patterns.rules import RewriteRules
 from ..source import source_line
-from ..pass_protocol import Pass
 
 
-class FusePatterns(Pass):
+class FusePatterns(RewriteRules):
+    """The rewrite sweep of :class:`~circle_fx.patterns.rules.RewriteRules`, recording each fusion
+    (what it merged, from which source line) in ``program.fusion_log.applied``."""
+
     def __init__(self, rules: list[Rewrite], name: str = "fuse", record_failures: bool = False):
-        super().__init__()
-        self.name = name
-        self.rules = list(rules)
-        self.record_failures = record_failures
-        self._by_root = defaultdict(list)
-        for r in self.rules:
-            self._by_root[r.root_target].append(r)
-
-    def rules_for(self, node) -> list[Rewrite]:
-        """The rules whose pattern root has ``node``'s op, in rule order."""
-        return self._by_root.get(node.target, []) if node.op == "call_function" else []
+        super().__init__(rules, name, record_failures)
 
     def run(self, program) -> bool:
         g = program.gm.graph

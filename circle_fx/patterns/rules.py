@@ -25,6 +25,9 @@ def _check_name(check) -> str:
 
 
 class RewriteRules(Pass):
+    """Rules indexed by their pattern root's op (:class:`~circle_fx.passes.fuse.FusePatterns`
+    is this sweep with fusion records)."""
+
     def __init__(self, rules: list[Rewrite], name: str, record_failures: bool = False):
         super().__init__()
         self.name = name
@@ -34,6 +37,10 @@ class RewriteRules(Pass):
         for r in self.rules:
             self._by_root[r.root_target].append(r)
 
+    def rules_for(self, node) -> list[Rewrite]:
+        """The rules whose pattern root has ``node``'s op, in rule order."""
+        return self._by_root.get(node.target, []) if node.op == "call_function" else []
+
     def run(self, program) -> bool:
         g = program.gm.graph
         misses = program.fusion_log.near_misses if self.record_failures else None
@@ -41,7 +48,7 @@ class RewriteRules(Pass):
         for node in list(g.nodes):
             if getattr(node, "_erased", False) or node.op != "call_function":
                 continue
-            for rule in self._by_root.get(node.target, ()):
+            for rule in self.rules_for(node):
                 m = try_rewrite(rule, node)
                 if not m:
                     if misses is not None and m.check is not None and m.check != _check_name(rule.checks[0]):
