@@ -179,9 +179,7 @@ def sink_cat(g: fx.Graph, n: fx.Node, is_layout_permute, mark) -> bool:
         out = mark(make_node(g, aten.permute.default, (inner, perm), like=n))
     n.replace_all_uses_with(out)
     g.erase_node(n)
-    for a in dict.fromkeys(parts):
-        if not a.users:
-            g.erase_node(a)
+    erase_unused(g, parts)
     return True
 
 

@@ -34,7 +34,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..fx_utils import make_node, shape_of, static_shape
+from ..fx_utils import erase_unused, make_node, shape_of, static_shape
 from ..dialect.nhwc import conv2d_nhwc
 from ..meta import LAYOUT_PERMUTE
 from ..op_traits import ELEMENTWISE, PERMUTE, SPLIT
@@ -243,9 +243,7 @@ class PropagateNHWC(NodePass):
             out = _mark(make_node(g, aten.permute.default, (inner, perm), like=n))
         n.replace_all_uses_with(out)
         g.erase_node(n)
-        for a in dict.fromkeys(permuted):
-            if not a.users:
-                g.erase_node(a)
+        erase_unused(g, permuted)
         return True
 
     @staticmethod

@@ -12,7 +12,7 @@ With ``record_failures=True`` failed attempts that got some way in are kept in
 from __future__ import annotations
 
 from ..fusion_log import FusionRecord  # noqa: F401  (re-exported: circle_fx.passes.FusionRecord)
-from ..patterns.rewrite import Rewrite, apply, try_rewrite
+from ..patterns.rewrite import Rewrite, apply
 from ..patterns.rules import RewriteRules
 from ..source import source_line
 
@@ -24,27 +24,18 @@ class FusePatterns(RewriteRules):
     def __init__(self, rules: list[Rewrite], name: str = "fuse", record_failures: bool = False):
         super().__init__(rules, name, record_failures)
 
-    def run(self, program) -> bool:
-        g = program.gm.graph
+    def near_miss(self, rule: Rewrite, m) -> bool:
+        """A failed attempt that got past the pattern's root and one more node."""
+        return m.progress >= 2
+
+    def rewrite(self, program, rule: Rewrite, m, node) -> bool:
+        """Apply the fusion and record it, absorbing the records of fusions it swallowed."""
         records: dict = program.fusion_log.applied
-        misses = program.fusion_log.near_misses if self.record_failures else None
-        changed = False
-        for node in list(g.nodes):
-            if getattr(node, "_erased", False) or node.op != "call_function":
-                continue
-            for rule in self.rules_for(node):
-                m = try_rewrite(rule, node)
-                if not m:
-                    if misses is not None and m.progress >= 2:
-                        misses.append(m)
-                    continue
-                merged = [records.pop(n.name) for n in m.nodes if n.name in records and n.op == "call_function"]
-                src = merged[0].source if merged else source_line(m.root)
-                ops = sum(r.replaced_ops for r in merged) + sum(
-                    1 for n in m.nodes if n.name not in {r.node for r in merged})
-                new = apply(rule, m)
-                rules = [x for r in merged for x in r.rules] + [rule.name]
-                records[new.name] = FusionRecord(rule.produces or rule.name, new.name, rules, src, ops)
-                changed = True
-                break
-        return changed
+        merged = [records.pop(n.name) for n in m.nodes if n.name in records and n.op == "call_function"]
+        src = merged[0].source if merged else source_line(m.root)
+        ops = sum(r.replaced_ops for r in merged) + sum(
+            1 for n in m.nodes if n.name not in {r.node for r in merged})
+        new = apply(rule, m)
+        rules = [x for r in merged for x in r.rules] + [rule.name]
+        records[new.name] = FusionRecord(rule.produces or rule.name, new.name, rules, src, ops)
+        return True

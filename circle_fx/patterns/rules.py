@@ -41,6 +41,21 @@ class RewriteRules(Pass):
         """The rules whose pattern root has ``node``'s op, in rule order."""
         return self._by_root.get(node.target, []) if node.op == "call_function" else []
 
+    def near_miss(self, rule: Rewrite, m) -> bool:
+        """Whether a failed attempt is worth recording: a later check than the first refused."""
+        return m.check is not None and m.check != _check_name(rule.checks[0])
+
+    def rewrite(self, program, rule: Rewrite, m, node) -> bool:
+        """Replace the match; False when the replacement declines (the node is left as it is)."""
+        g = program.gm.graph
+        with g.inserting_before(node):
+            new = rule.replace(m, g)
+        if new is None:
+            return False
+        node.replace_all_uses_with(new)
+        erase_unused(g, m.nodes)
+        return True
+
     def run(self, program) -> bool:
         g = program.gm.graph
         misses = program.fusion_log.near_misses if self.record_failures else None
@@ -51,15 +66,10 @@ class RewriteRules(Pass):
             for rule in self.rules_for(node):
                 m = try_rewrite(rule, node)
                 if not m:
-                    if misses is not None and m.check is not None and m.check != _check_name(rule.checks[0]):
+                    if misses is not None and self.near_miss(rule, m):
                         misses.append(m)
                     continue
-                with g.inserting_before(node):
-                    new = rule.replace(m, g)
-                if new is None:
-                    continue
-                node.replace_all_uses_with(new)
-                erase_unused(g, m.nodes)
-                changed = True
-                break
+                if self.rewrite(program, rule, m, node):
+                    changed = True
+                    break
         return changed
