@@ -142,6 +142,24 @@ def test_select_v2_values_float_only(lowered, dtype):
     assert "SELECT_V2" not in {op.name for op in _ops(cm)}
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_tile_float_only(lowered, dtype):
+    """A dynamic ``expand`` lowers to TILE (BROADCAST_TO needs the whole output shape); onert's
+    TILE runs float only, so the ``types`` step broadcasts an integer / bool one against zeros."""
+    ids = torch.arange(10, dtype=torch.int32).reshape(2, 1, 5)
+    fn = (lambda i: i.expand(2, 3, -1) * 2) if dtype == torch.int32 else (lambda i: (i > 4).expand(2, 3, -1))
+    cm = assert_onert_matches_eager(Fn(fn), (ids,), rtol=0, atol=0,
+                                    dynamic_shapes=(({2: torch.export.Dim("s", min=2, max=32)},),))
+    (op, ins), = _plain(lowered, BO.TILE)
+    assert ins[0].type == (TT.INT32 if dtype == torch.int32 else TT.BOOL)  # plain: TILE of any type
+    problems = _verify_without(lowered, "types")
+    name = "INT32" if dtype == torch.int32 else "BOOL"
+    assert any(f"input type {name}: onert 0.1.0's TILE runs FLOAT32 only" in p for p in problems), problems
+    assert "TILE" not in {op.name for op in _ops(cm)}
+    longer = torch.arange(22, dtype=torch.int32).reshape(2, 1, 11)
+    np.testing.assert_array_equal(cm.run(longer)[0], fn(longer).numpy())
+
+
 def test_ggml_rows(lowered):
     model = torch.nn.Linear(64, 32).eval()
     x = randn(2, 3, 64)
