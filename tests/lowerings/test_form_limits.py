@@ -160,6 +160,38 @@ def test_tile_float_only(lowered, dtype):
     np.testing.assert_array_equal(cm.run(longer)[0], fn(longer).numpy())
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_square_float_only(dtype, tmp_path):
+    """No lowering emits SQUARE (``square`` and ``pow(x, 2)`` are MUL x x), so the plain form is
+    built by hand: an integer SQUARE, which onert refuses at prepare, is reported by verify and
+    legalized by the ``types`` step to MUL x x, which onert runs exactly (beyond 2**31 for int64)."""
+    import onert
+
+    from circle_fx.emit.builder import ModelBuilder
+    from circle_fx.emit.legalize import types as types_step
+
+    mb = ModelBuilder()
+    ct = TT.INT32 if dtype == np.int32 else TT.INT64
+    x = mb.add_tensor("x", [2, 4], ct)
+    out = mb.add_tensor("out", [2, 4], ct)
+    mb.add_operator(BO.SQUARE, [x], [out])
+    mb.inputs, mb.input_names, mb.outputs, mb.output_names = [x], ["x"], [out], ["out"]
+    with pytest.raises(circle_fx.VerifyError) as info:
+        circle_fx.verify(bytes(serialize(mb).head))
+    name = "INT32" if dtype == np.int32 else "INT64"
+    assert any(f"input type {name}: onert 0.1.0's SQUARE runs FLOAT32 only" in p for p in info.value.problems), \
+        info.value.problems
+    assert types_step.legalize(mb) == 1
+    assert [op_name(op.code) for op in mb.operators] == ["MUL"]
+    data = bytes(serialize(mb).head)
+    circle_fx.verify(data)
+    path = tmp_path / "square.circle"
+    path.write_bytes(data)
+    a = (np.arange(8).reshape(2, 4) - 3).astype(dtype) * (3 * 10**6 if dtype == np.int64 else 1000)
+    got, = onert.infer.session(str(path)).infer([a])
+    np.testing.assert_array_equal(got, a * a)
+
+
 def test_ggml_rows(lowered):
     model = torch.nn.Linear(64, 32).eval()
     x = randn(2, 3, 64)

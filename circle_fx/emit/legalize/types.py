@@ -11,6 +11,7 @@ step over the emitted operators (the ``types`` step of ``emit/legalize``), inste
 - PAD / PADV2 of integers: CONCATENATION with constant blocks of the pad value.
 - SELECT_V2 of integer or bool values (float only): arithmetic / logic, exact for every value.
 - TILE of integers or bools (float only): ADD / LOGICAL_OR of a zeros constant of the multiples.
+- SQUARE of integers (float only): MUL of the input by itself.
 - bool: CAST to int32 (float32 where the op runs no int32) in, the op, CAST back. Exact: 0 and
   1 survive both casts, and data movement never makes a new value. Constants are converted
   in place.
@@ -57,6 +58,9 @@ def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
         return None
     if name == "SELECT_V2":
         return _select_by_arithmetic(mb, op)
+    if name == "SQUARE":  # integers: MUL x x, exact (onert's int32 / int64 MUL)
+        return [OperatorInfo(BO.MUL, [op.inputs[0], op.inputs[0]], list(op.outputs), options("MulOptions"),
+                             op.source)]
     if name == "TILE" and mb.tensors[op.inputs[1]].buffer:
         return _tile_by_broadcast(mb, op)
     if name == "SLICE" and all(mb.tensors[t].buffer for t in op.inputs[1:]):
