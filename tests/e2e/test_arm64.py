@@ -6,7 +6,7 @@ and one LLM package generating a handful of tokens. The full corpus is scripts/a
 The arm64 side is built once per machine by ``make arm64`` (``make install`` runs it; ~40 s, plus
 apt-get of qemu-user-static and debootstrap on a fresh machine) and cached under
 ~/.cache/circle_fx/arm64; the slow tests skip, saying why, where it is absent (no qemu, not root).
-Measured on the dev VM at load average ~17: the 13 slow tests take 82 s (pytest; 98 s wall with collection) on a warm cache.
+Measured on the dev VM (2026-12-07, load average ~4, a host without AVX-512 where the GGML cases check against eager): the 13 slow tests take 31 s on a warm cache.
 """
 from __future__ import annotations
 
