@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from ..circle import int4
-from ..circle.schema import CIRCLE_TO_NUMPY, TT, QuantParams
+from ..circle.schema import BO, CIRCLE_TO_NUMPY, TT, QuantParams
 from ..errors import UnsupportedOpError
 from ..fx_utils import dtype_of, val
 from ..lazy import is_lazy
@@ -126,6 +126,23 @@ class LoweringContext(NodeInfo):
                            torch.int64 if isinstance(value, int) else torch.float32)
             return self.const(np.array(value, dtype=numpy_dtype(dt)), "scalar")
         raise self.error(f"cannot use {type(value).__name__} {value!r} as a tensor")
+
+    def numpy_dtype(self, dtype: torch.dtype):
+        """The numpy dtype of a constant of ``dtype`` (an UnsupportedOpError naming the node for a
+        dtype Circle has no type for): what a lowering outside ``emit`` builds constants with."""
+        return numpy_dtype(dtype, self.where())
+
+    def operand(self, value, dtype: torch.dtype) -> int:
+        """Tensor for ``value`` in ``dtype``: a node CAST when its dtype differs, a Python scalar
+        materialised in ``dtype`` (what a lowering writes for an input of a fixed element type)."""
+        if not isinstance(value, fx.Node):
+            return self.tensor(value, dtype)
+        idx = self.tensor(value)
+        if self.dtype(value) == dtype:
+            return idx
+        out = self.like(value, f"{value.name}_cast", dtype)
+        self.op(BO.CAST, [idx], [out])
+        return out
 
     def constant(self, value) -> torch.Tensor | None:
         """The folded tensor behind a constant node (``get_attr``); None for anything else."""

@@ -24,8 +24,8 @@ knows what ``circle.rms_norm`` means is this file.
 
 The family owns its op (``circle.rms_norm``: schema, eager and fake kernel, below) and the
 canonicalizing rules that bring other spellings of the statistics to the form its patterns
-read (:mod:`._rms_norm_spellings`, run by the canonicalize pass); its lowering is
-``circle_fx/emit/lowerings/norm.py``.
+read (:mod:`._rms_norm_spellings`, run by the canonicalize pass), and its lowering
+(:func:`lower_rms_norm`, to Circle's builtin RMS_NORM).
 
 Everything the graph shape cannot express is a named check with a message for ``explain``;
 the ``CANDIDATES`` at the end tell ``explain`` what an unfused RMSNorm looks like.
@@ -35,9 +35,11 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.fx as fx
 
+from ..circle.schema import BO, make_options
 from ..fx_utils import arguments, dtype_of, look_through, make_node, shape_of, strip_casts
 from ..op_traits import CAST, SQUARING, SUMMING
 from ..dialect import define
@@ -348,7 +350,24 @@ CANDIDATES = (
     Candidate(_unweighted_fused, kind="rms_norm weight", hops=2, require_check=True),
 )
 
+def lower_rms_norm(ctx, node):
+    """``circle.rms_norm`` -> Circle's builtin ``RMS_NORM`` (gamma is ones when unweighted).
+
+    Any rank, any shape: onert's RMS_NORM kernel accepts only 3-D and 4-D inputs, and the ``ranks``
+    legalization step (``emit/legalize/ranks.py``) reshapes other ranks to ``[1, rows, D]``
+    around it; it runs static shapes only, and the ``dynamic_rms_norm`` step
+    (``emit/legalize/forms.py``) decomposes one with a dynamic dim."""
+    x, weight, eps = node.args
+    if weight is None:
+        d = ctx.shape_hint(x)[-1]
+        gamma = ctx.const(np.ones([d], dtype=ctx.numpy_dtype(ctx.dtype(x))), "ones")
+    else:
+        gamma = ctx.operand(weight, ctx.dtype(x))  # CAST when the weight's dtype differs
+    ctx.op(BO.RMS_NORM, [ctx.tensor(x), gamma], [ctx.output(node)],
+           make_options("RmsNormOptions", epsilon=float(eps)))
+
+
 FAMILY = register_family(FusionFamily(
-    "rms_norm", RULES, op=rms_norm, composites={aten.rms_norm.default: aten_rms_norm_to_circle},
+    "rms_norm", RULES, op=rms_norm, lowering=lower_rms_norm, composites={aten.rms_norm.default: aten_rms_norm_to_circle},
     candidates=CANDIDATES, canonical=SPELLINGS, title="RMSNorm",
     no_rule_hint="no RMSNorm rule is rooted near it (nothing multiplies the input by its rsqrt scale)", order=50))

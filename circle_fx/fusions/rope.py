@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from ..circle.schema import BO, make_options
 from ..fx_utils import dtype_of, make_node, shape_of
 from ..dialect import define
 from ..patterns.pattern import Pattern
@@ -35,7 +36,7 @@ def _rope_fake(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.T
     return torch.empty_like(x)
 
 
-#: ``torch.ops.circle.rope.default`` (lowered by ``circle_fx/emit/lowerings/rope.py``)
+#: ``torch.ops.circle.rope.default`` (lowered by :func:`lower_rope` below)
 rope = define("rope(Tensor x, Tensor sin, Tensor cos) -> Tensor", _rope_eager, _rope_fake)
 
 aten = torch.ops.aten
@@ -92,6 +93,36 @@ RULES = [Rewrite("rope_rotate_half", Pattern(rope_rotate_half), _replace, (_chec
                  produces="rope")]
 
 
+#: RoPEOptions.mode of the rotate-half (``x * cos + rotate_half(x) * sin``) form
+GPT_NEOX = 0
+
+
+def lower_rope(ctx, node):
+    """``circle.rope(x, sin, cos)`` -> Circle ROPE (builtin -7), mode GPT_NEOX.
+
+    onert wants 4-D tables whose last dim is the head dim, in the input order (x, sin, cos),
+    and a RoPEOptions table (without it the kernel segfaults): tables of one position become
+    ``[1, 1, 1, D]``, others get leading 1s up to rank 4. onert applies the first row to every
+    position; the rule above creates this op for single-position tables only, and the
+    ``rope_positions`` legalization step (``emit/legalize/forms.py``) decomposes any other."""
+    x, sin, cos = node.args
+    dt = ctx.dtype(x)
+    d = ctx.dims(x, static=True)[-1]
+    tables = []
+    for name, t in (("sin", sin), ("cos", cos)):
+        dims = ctx.dims(t, static=True)
+        if dims[-1] != d or len(dims) > 4 and any(k != 1 for k in dims[:-1]):
+            raise ctx.error(f"{name} table {dims}: ROPE takes a table [..., {d}] of rank <= 4")
+        want = [1, 1, 1, d] if all(k == 1 for k in dims[:-1]) else [1] * (4 - len(dims)) + dims
+        idx = ctx.operand(t, dt)
+        if dims != want:
+            r = ctx.new_tensor(want, dt, f"{name}4d")
+            ctx.op(BO.RESHAPE, [idx, ctx.int_const(want)], [r])
+            idx = r
+        tables.append(idx)
+    ctx.op(BO.ROPE, [ctx.tensor(x), *tables], [ctx.output(node)], make_options("RoPEOptions", mode=GPT_NEOX))
+
+
 # No explain candidates: a multi-position RoPE (every prefill, every plain export) is
 # *correctly* left decomposed, and listing each one as "not fused" would only be noise.
-FAMILY = register_family(FusionFamily("rope", RULES, op=rope, title="RoPE", order=60))
+FAMILY = register_family(FusionFamily("rope", RULES, op=rope, lowering=lower_rope, title="RoPE", order=60))

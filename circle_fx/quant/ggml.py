@@ -22,6 +22,10 @@ weight never needs a full-size float temporary.
 from __future__ import annotations
 
 import mmap
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -42,10 +46,6 @@ def _f16(d: np.ndarray) -> np.ndarray:
     return d.astype(np.float16).astype(np.float32)
 
 
-def _inverse(d: np.ndarray) -> np.ndarray:
-    return np.where(d != 0, 1 / np.where(d != 0, d, 1), 0).astype(np.float32)
-
-
 def _q8_0(b: np.ndarray) -> tuple[np.ndarray, float, float]:
     """ggml's ``quantize_row_q8_0_ref`` bit for bit: the codes use the float32 scale, roundf."""
     d = np.abs(b).max(-1) / np.float32(127)
@@ -57,19 +57,82 @@ def _q8_0(b: np.ndarray) -> tuple[np.ndarray, float, float]:
     return rec, 0.0, 0.0
 
 
-def _codes(b, d):
-    """Q4_0 codes 0..15 of blocks ``b`` [n, 32] for scales ``d`` [n]: ggml's
-    ``(int8)(x / d + 8.5)`` clamped to 15 (truncation; ``x / d + 8.5 >= 0`` except when clipped)."""
-    return np.clip(np.trunc(b * _inverse(d)[:, None] + np.float32(8.5)), 0, 15)
+class _Scratch:
+    """The search's temporaries for one chunk of blocks, allocated once per thread and reused.
+
+    Allocating them afresh cost more than the arithmetic (each 1 MiB temporary is a new mapping
+    whose pages fault in). The blocks are held transposed, ``[32, n]`` (element j of every block in
+    one row): every op is then a long contiguous loop, and the per-block sum of 32 errors is 6 adds
+    of whole rows instead of numpy's reduce over a length-32 axis (which runs its inner loop once per
+    block). The adds are numpy's own pairwise order for 32 float32 (8 accumulators over strides of
+    8, then a tree), so every error, hence every choice and byte, is identical to ``.sum(-1)``."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.x = np.empty((BLOCK, n), np.float32)   # a candidate's codes
+        self.r = np.empty((BLOCK, n), np.float32)   # its residual
+        self.acc = np.empty((8, n), np.float32)
+        self.e = np.empty(n, np.float32)
+        self.inv = np.empty(n, np.float32)
+
+    def view(self, n: int) -> "_Scratch":
+        v = object.__new__(_Scratch)
+        v.n, v.x, v.r, v.acc, v.e, v.inv = n, self.x[:, :n], self.r[:, :n], self.acc[:, :n], self.e[:n], self.inv[:n]
+        return v
 
 
-def _sq_err(b, d, q, imp=None):
-    r = (q - 8) * d[:, None]
-    np.subtract(b, r, out=r)
+_local = threading.local()
+
+
+def _scratch(n: int) -> _Scratch:
+    s = getattr(_local, "scratch", None)
+    if s is None or s.n < n:
+        s = _local.scratch = _Scratch(n)
+    return s.view(n)
+
+
+def _inverse(d: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    nz = d != 0
+    if out is None:
+        out = np.empty(d.shape, np.float32)
+    np.divide(1, np.where(nz, d, 1), out=out)
+    out[~nz] = 0
+    return out
+
+
+def _block_sum(r: np.ndarray, s: _Scratch, out: np.ndarray) -> np.ndarray:
+    """``r.T.sum(-1)`` for ``r`` [32, n], bit for bit: numpy's pairwise sum of 32 float32 keeps 8
+    accumulators ``a_j = ((x_j + x_j+8) + x_j+16) + x_j+24``, then adds them as a tree."""
+    v = r.reshape(4, 8, -1)
+    a = np.add(v[0], v[1], out=s.acc)
+    np.add(a, v[2], out=a)
+    np.add(a, v[3], out=a)
+    t = np.add(a[0::2], a[1::2], out=v[0, :4])   # r's rows are free now: reuse them
+    u = np.add(t[0::2], t[1::2], out=v[1, :2])
+    return np.add(u[0], u[1], out=out)
+
+
+def _codes(bt, d, s: _Scratch, out=None):
+    """Q4_0 codes 0..15 (as float32) of transposed blocks ``bt`` [32, n] for scales ``d`` [n]:
+    ggml's ``(int8)(x / d + 8.5)`` clamped to 15 (truncation; ``x / d + 8.5 >= 0`` except when
+    clipped)."""
+    x = s.x if out is None else out
+    np.multiply(bt, _inverse(d, s.inv), out=x)
+    np.add(x, np.float32(8.5), out=x)
+    np.trunc(x, out=x)
+    return np.clip(x, 0, 15, out=x)
+
+
+def _sq_err(bt, d, q, imp, s: _Scratch, out=None):
+    """``sum (imp) (b - (q - 8) d)^2`` per block, written into ``out`` (or ``s.e``)."""
+    r = s.r
+    np.subtract(q, 8, out=r)
+    np.multiply(r, d, out=r)
+    np.subtract(bt, r, out=r)
     np.multiply(r, r, out=r)
     if imp is not None:
         np.multiply(r, imp, out=r)
-    return r.sum(-1)
+    return _block_sum(r, s, s.e if out is None else out)
 
 
 def _q4_0(b: np.ndarray, search: bool = True, imp: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
@@ -77,42 +140,52 @@ def _q4_0(b: np.ndarray, search: bool = True, imp: np.ndarray | None = None) -> 
     (both weighted by ``imp`` [n, 32] when given). Only the best scale per block is carried
     through the candidates; the codes are recomputed once at the end (carrying them cost 2x
     the time)."""
+    n = len(b)
+    s = _scratch(n)
     idx = np.abs(b).argmax(-1)
     m = np.take_along_axis(b, idx[:, None], -1)[:, 0]
-    plain_q = _codes(b, m / np.float32(-8))  # ggml's quantize_row_q4_0_ref: codes from the float32 d
-    best_d = _f16(m / np.float32(-8))
-    best_e = _sq_err(b, best_d, plain_q, imp)
-    plain = float(best_e.sum())
+    bt = np.ascontiguousarray(b.T)
+    if imp is not None:
+        imp = np.ascontiguousarray(imp.T)
+    plain_d = _f16(m / np.float32(-8))
+    # ggml's quantize_row_q4_0_ref: the codes from the float32 d
+    plain_q = _codes(bt, m / np.float32(-8), s, out=np.empty((BLOCK, n), np.float32))
+    plain_e = _sq_err(bt, plain_d, plain_q, imp, s, out=np.empty(n, np.float32))
+    plain = float(plain_e.sum())
     if not search:
         q = plain_q
+        best_d, best_e = plain_d, plain_e
     else:
+        best_d, best_e = plain_d.copy(), plain_e.copy()
+        better = np.empty(n, bool)
         for base in _Q4_BASES:
             for f in (_Q4_FACTORS if imp is None else _Q4_FACTORS_WEIGHTED):
                 d = _f16(m / base * f)
-                e = _sq_err(b, d, _codes(b, d), imp)
-                better = e < best_e
+                e = _sq_err(bt, d, _codes(bt, d, s), imp, s)
+                np.less(e, best_e, out=better)
                 np.copyto(best_d, d, where=better)
                 np.copyto(best_e, e, where=better)
         # (weighted) least-squares scale for the chosen codes, then re-code with it
         for _ in range(1 if imp is None else 2):
-            c = _codes(b, best_d) - 8
-            wc = c if imp is None else c * imp
-            den = (wc * c).sum(-1)
-            d = _f16(np.where(den > 0, (b * wc).sum(-1) / np.where(den > 0, den, 1), best_d))
-            e = _sq_err(b, d, _codes(b, d), imp)
-            better = e < best_e
+            c = np.subtract(_codes(bt, best_d, s), 8, out=s.x)
+            wc = c if imp is None else np.multiply(c, imp, out=s.r)
+            num = _block_sum(np.multiply(bt, wc, out=np.empty_like(bt)), s, np.empty(n, np.float32))
+            den = _block_sum(np.multiply(wc, c, out=s.x), s, np.empty(n, np.float32))
+            d = _f16(np.where(den > 0, num / np.where(den > 0, den, 1), best_d))
+            e = _sq_err(bt, d, _codes(bt, d, s), imp, s)
+            np.less(e, best_e, out=better)
             np.copyto(best_d, d, where=better)
             np.copyto(best_e, e, where=better)
-        q = _codes(b, best_d)
+        q = _codes(bt, best_d, s)
         # the plain codes (float32 d) can beat the float16 d's re-coding: keep ggml's exact bytes there
-        plain_wins = _sq_err(b, _f16(m / np.float32(-8)), plain_q, imp) <= best_e
-        q = np.where(plain_wins[:, None], plain_q, q)
-        np.copyto(best_d, _f16(m / np.float32(-8)), where=plain_wins)
-        best_e = _sq_err(b, best_d, q, imp)
+        plain_wins = plain_e <= best_e
+        np.copyto(q, plain_q, where=plain_wins)
+        np.copyto(best_d, plain_d, where=plain_wins)
+        np.copyto(best_e, plain_e, where=plain_wins)  # = the error of (best_d, q): the same numbers
     q = q.astype(np.uint8)
-    rec = np.empty(b.shape[:-1], Q4_0.record())
+    rec = np.empty(n, Q4_0.record())
     rec["d"] = best_d
-    rec["q"] = q[:, :BLOCK // 2] | (q[:, BLOCK // 2:] << 4)
+    rec["q"] = (q[:BLOCK // 2] | (q[BLOCK // 2:] << 4)).T
     return rec, plain, float(best_e.sum())
 
 
@@ -149,17 +222,42 @@ def pack(w: torch.Tensor, kind: BlockType, search: bool = True,
         # a column that never carried signal keeps a little weight: no block's error is all zero
         importance = np.maximum(importance, importance.mean() * 1e-6 + 1e-30).reshape(1, -1, BLOCK)
     out = mapped_empty((rows, kind.row_bytes(cols)), np.uint8)
-    plain = chosen = 0.0
-    with torch.no_grad():
+
+    def one(i, chunk):
+        blocks = chunk.reshape(-1, BLOCK)
+        imp = None if importance is None else np.broadcast_to(
+            importance, (len(chunk), cols // BLOCK, BLOCK)).reshape(-1, BLOCK)
+        rec, p, c = _q8_0(blocks) if kind is Q8_0 else _q4_0(blocks, search, imp)
+        out[i:i + len(chunk)] = rec.view(np.uint8).reshape(len(chunk), -1)
+        return p, c
+
+    # the chunks are read here, in order (a checkpoint's rows), and packed by a pool: numpy's ops
+    # release the GIL, so both cores work; results are summed in chunk order (the same totals)
+    results, waited = [], 0
+    workers = _workers()
+    with torch.no_grad(), ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
         for i, part in row_chunks(w, max(1, _CHUNK_ELEMS // cols)):
             chunk = part.to(torch.float32).numpy()
             if not np.isfinite(chunk).all():
                 raise ValueError(f"rows {i}..{i + len(chunk) - 1} have non-finite values (inf/nan)")
-            blocks = chunk.reshape(-1, BLOCK)
-            imp = None if importance is None else np.broadcast_to(
-                importance, (len(chunk), cols // BLOCK, BLOCK)).reshape(-1, BLOCK)
-            rec, p, c = _q8_0(blocks) if kind is Q8_0 else _q4_0(blocks, search, imp)
-            out[i:i + len(chunk)] = rec.view(np.uint8).reshape(len(chunk), -1)
-            plain += p
-            chosen += c
+            results.append(pool.submit(one, i, chunk) if pool else one(i, chunk))
+            while pool and len(results) - waited > 2 * workers:  # bound the chunks in flight
+                results[waited].result()
+                waited += 1
+        totals = [r.result() if pool else r for r in results]
+    plain = chosen = 0.0
+    for p, c in totals:
+        plain += p
+        chosen += c
     return torch.from_numpy(out), plain, chosen
+
+
+def _workers() -> int:
+    """Threads for packing: the CPUs this process may use (``CIRCLE_FX_PACK_THREADS`` overrides)."""
+    env = os.environ.get("CIRCLE_FX_PACK_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, min(4, len(os.sched_getaffinity(0))))
+    except AttributeError:
+        return max(1, min(4, os.cpu_count() or 1))

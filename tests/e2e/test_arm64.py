@@ -32,10 +32,28 @@ def arm():
 ARM_X86 = {None: 1e-5, "int8-weights": 1e-5, "q8_0": 1e-5, "q4_0": 2e-2, "q4_0-mix": 2e-2, "pt2e": 1e-5}
 
 
+#: largest max |arm64 - eager| / max |eager| of a GGML file where x86 onert cannot run it (no AVX-512:
+#: ggml_support), ~2x what both architectures measured (tiny Llama: q8_0 ~0.01, q4_0 ~0.2)
+GGML_EAGER = {"int8-weights": 0.05, "q8_0": 0.05, "q4_0": 0.4, "q4_0-mix": 0.4}
+
+
+def _x86_cannot_run(cm) -> str | None:
+    from circle_fx.circle.ggml_support import ggml_unsupported_reason
+    from circle_fx.circle.reader import read_circle
+
+    if not any("GGML" in t.type_name for t in read_circle(cm.to_bytes()).tensors):
+        return None
+    return ggml_unsupported_reason()
+
+
 def _check(cm, inputs, eager, mode, arm):
-    x86 = cm.run(*inputs)[0]
     a = cm.run(*inputs, runtime=arm)[0]
     scale = float(np.abs(eager).max())
+    if _x86_cannot_run(cm):  # GGML on a host without AVX-512: arm64 against eager alone
+        d = float(np.abs(a - eager).max()) / scale
+        assert d <= GGML_EAGER[mode], f"{mode}: max |arm64 - eager| / scale = {d:.3g} (x86 cannot run GGML here)"
+        return a, None
+    x86 = cm.run(*inputs)[0]
     d = float(np.abs(a - x86).max()) / scale
     assert d <= ARM_X86[mode], f"{mode}: max |arm64 - x86| / scale = {d:.3g}"
     # arm64 is no further from eager than x86 is, beyond rounding

@@ -186,6 +186,7 @@ def _probe(name: str, dt) -> tuple[bytes, np.ndarray, list[np.ndarray]]:
         "BROADCAST_TO": (BO.BROADCAST_TO, [x, i32("s", [3, 2, 4])], [[3, 2, 4]], None, [np.broadcast_to(a, (3, 2, 4))]),
         "TRANSPOSE": (BO.TRANSPOSE, [x, i32("p", [1, 0])], [[4, 2]], options("TransposeOptions"), [a.T]),
         "GATHER": (BO.GATHER, [x, i32("i", [3, 0, 2])], [[2, 3]], options("GatherOptions", axis=1), [a[:, [3, 0, 2]]]),
+        "SQUARE": (BO.SQUARE, [x], [[2, 4]], None, [a * a]),
         "TILE": (BO.TILE, [x, i32("m", [2, 1])], [[4, 4]], options("TileOptions"), [np.tile(a, (2, 1))]),
         "PAD": (BO.PAD, [x, i32("p", [[0, 0], [1, 1]])], [[2, 6]], options("PadOptions"), [np.pad(a, ((0, 0), (1, 1)))]),
         "PADV2": (BO.PADV2, [x, i32("p", [[0, 0], [1, 1]]), mb.add_constant("v", np.asarray(1, dt))], [[2, 6]],

@@ -142,6 +142,56 @@ def test_select_v2_values_float_only(lowered, dtype):
     assert "SELECT_V2" not in {op.name for op in _ops(cm)}
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_tile_float_only(lowered, dtype):
+    """A dynamic ``expand`` lowers to TILE (BROADCAST_TO needs the whole output shape); onert's
+    TILE runs float only, so the ``types`` step broadcasts an integer / bool one against zeros."""
+    ids = torch.arange(10, dtype=torch.int32).reshape(2, 1, 5)
+    fn = (lambda i: i.expand(2, 3, -1) * 2) if dtype == torch.int32 else (lambda i: (i > 4).expand(2, 3, -1))
+    cm = assert_onert_matches_eager(Fn(fn), (ids,), rtol=0, atol=0,
+                                    dynamic_shapes=(({2: torch.export.Dim("s", min=2, max=32)},),))
+    (op, ins), = _plain(lowered, BO.TILE)
+    assert ins[0].type == (TT.INT32 if dtype == torch.int32 else TT.BOOL)  # plain: TILE of any type
+    problems = _verify_without(lowered, "types")
+    name = "INT32" if dtype == torch.int32 else "BOOL"
+    assert any(f"input type {name}: onert 0.1.0's TILE runs FLOAT32 only" in p for p in problems), problems
+    assert "TILE" not in {op.name for op in _ops(cm)}
+    longer = torch.arange(22, dtype=torch.int32).reshape(2, 1, 11)
+    np.testing.assert_array_equal(cm.run(longer)[0], fn(longer).numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_square_float_only(dtype, tmp_path):
+    """No lowering emits SQUARE (``square`` and ``pow(x, 2)`` are MUL x x), so the plain form is
+    built by hand: an integer SQUARE, which onert refuses at prepare, is reported by verify and
+    legalized by the ``types`` step to MUL x x, which onert runs exactly (beyond 2**31 for int64)."""
+    import onert
+
+    from circle_fx.emit.builder import ModelBuilder
+    from circle_fx.emit.legalize import types as types_step
+
+    mb = ModelBuilder()
+    ct = TT.INT32 if dtype == np.int32 else TT.INT64
+    x = mb.add_tensor("x", [2, 4], ct)
+    out = mb.add_tensor("out", [2, 4], ct)
+    mb.add_operator(BO.SQUARE, [x], [out])
+    mb.inputs, mb.input_names, mb.outputs, mb.output_names = [x], ["x"], [out], ["out"]
+    with pytest.raises(circle_fx.VerifyError) as info:
+        circle_fx.verify(bytes(serialize(mb).head))
+    name = "INT32" if dtype == np.int32 else "INT64"
+    assert any(f"input type {name}: onert 0.1.0's SQUARE runs FLOAT32 only" in p for p in info.value.problems), \
+        info.value.problems
+    assert types_step.legalize(mb) == 1
+    assert [op_name(op.code) for op in mb.operators] == ["MUL"]
+    data = bytes(serialize(mb).head)
+    circle_fx.verify(data)
+    path = tmp_path / "square.circle"
+    path.write_bytes(data)
+    a = (np.arange(8).reshape(2, 4) - 3).astype(dtype) * (3 * 10**6 if dtype == np.int64 else 1000)
+    got, = onert.infer.session(str(path)).infer([a])
+    np.testing.assert_array_equal(got, a * a)
+
+
 def test_ggml_rows(lowered):
     model = torch.nn.Linear(64, 32).eval()
     x = randn(2, 3, 64)

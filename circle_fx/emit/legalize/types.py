@@ -10,6 +10,8 @@ step over the emitted operators (the ``types`` step of ``emit/legalize``), inste
 - SLICE (float32 only) of another type: the same STRIDED_SLICE, which runs int32 and int64.
 - PAD / PADV2 of integers: CONCATENATION with constant blocks of the pad value.
 - SELECT_V2 of integer or bool values (float only): arithmetic / logic, exact for every value.
+- TILE of integers or bools (float only): ADD / LOGICAL_OR of a zeros constant of the multiples.
+- SQUARE of integers (float only): MUL of the input by itself.
 - bool: CAST to int32 (float32 where the op runs no int32) in, the op, CAST back. Exact: 0 and
   1 survive both casts, and data movement never makes a new value. Constants are converted
   in place.
@@ -56,6 +58,11 @@ def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
         return None
     if name == "SELECT_V2":
         return _select_by_arithmetic(mb, op)
+    if name == "SQUARE":  # integers: MUL x x, exact (onert's int32 / int64 MUL)
+        return [OperatorInfo(BO.MUL, [op.inputs[0], op.inputs[0]], list(op.outputs), options("MulOptions"),
+                             op.source)]
+    if name == "TILE" and mb.tensors[op.inputs[1]].buffer:
+        return _tile_by_broadcast(mb, op)
     if name == "SLICE" and all(mb.tensors[t].buffer for t in op.inputs[1:]):
         strided = _as_strided_slice(mb, op)  # STRIDED_SLICE runs int32/int64; bool still needs a carrier
         return [strided] if (more := _retype(mb, strided)) is None else more
@@ -156,6 +163,19 @@ def _broadcast_by_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
     zeros = mb.add_constant(f"{mb.tensors[out].name}/broadcast", np.zeros([d if s == 1 else 1 for s, d in zip(src, dst)],
                                                                            np.int64))
     return [OperatorInfo(BO.ADD, [x, zeros], [out], options("AddOptions"), op.source)]
+
+
+def _tile_by_broadcast(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:
+    """TILE of integers or bools (onert 0.1.0's TILE is float only: "Tile: unsupported data
+    type" for int32/int64/bool) as a broadcast against a zeros (False) constant of the
+    multiples: ADD for integers, LOGICAL_OR for bool. Exact for every value, no carrier, and
+    it keeps the dynamic dims a TILE of a dynamic ``expand`` has (multiple 1 on each)."""
+    x, out = op.inputs[0], op.outputs[0]
+    multiples = [int(m) for m in mb.values(op.inputs[1]).ravel()]
+    info = mb.tensors[out]
+    zeros = mb.add_constant(f"{info.name}/broadcast", np.zeros(multiples, CIRCLE_TO_NUMPY[info.type]))
+    code, opts = (BO.LOGICAL_OR, None) if info.type == TT.BOOL else (BO.ADD, options("AddOptions"))
+    return [OperatorInfo(code, [x, zeros], [out], opts, op.source)]
 
 
 def _select_by_arithmetic(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo]:

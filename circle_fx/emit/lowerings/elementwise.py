@@ -132,8 +132,9 @@ def reciprocal(ctx, node):
 
 @lowering(aten.square.default)
 def square(ctx, node):
-    """``x * x``: onert 0.1.0's SQUARE has no integer kernel ("Square: Unsupported data
-    type" at prepare, measured for int32 and int64); float squares arrive as ``pow`` anyway."""
+    """``x * x`` for every type, the form ``pow(x, 2)`` takes too (float squares arrive as ``pow``
+    anyway). A SQUARE of integers, which onert 0.1.0 does not run (the op table's SQUARE row), is
+    legalized to this MUL by the ``types`` step (emit/legalize/types.py)."""
     tx = operand(ctx, node.args[0], ctx.dtype(node))
     ctx.op(BO.MUL, [tx, tx], [ctx.output(node)], options("MulOptions"))
 

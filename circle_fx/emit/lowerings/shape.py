@@ -14,7 +14,6 @@ from ...circle import limits
 from ...circle.dims import padded
 from ...fx_utils import arguments
 from ..registry import lowering
-from ..types import numpy_dtype
 from ._common import BO, options
 
 aten = torch.ops.aten
@@ -120,14 +119,8 @@ def _expand_dynamic(ctx, node):
     if all(m == 1 for m in multiples):  # e.g. mask.expand(b, -1, q, kv) with nothing to repeat:
         ctx.bind(node, t)  # no op (onert's TILE has no bool/int kernel)
         return
-    if ctx.dtype(node) != torch.float32:
-        # onert's TILE is float-only ("Tile: unsupported data type" for int32/int64/bool):
-        # broadcast against a zeros (False) constant of the repeated sizes instead
-        dt = ctx.dtype(node)
-        zeros = ctx.const(np.zeros([m for m in multiples], numpy_dtype(dt)), "broadcast")
-        code, opts = (BO.LOGICAL_OR, None) if dt == torch.bool else (BO.ADD, options("AddOptions"))
-        ctx.op(code, [t, zeros], [ctx.output(node)], opts)
-        return
+    # plain TILE for every type: the ``types`` legalization step broadcasts a non-float one
+    # (onert's TILE is float only) against zeros (emit/legalize/types.py)
     ctx.op(BO.TILE, [t, ctx.int_const(multiples, "multiples")], [ctx.output(node)])
 
 
