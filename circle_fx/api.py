@@ -133,3 +133,9 @@ def entry_points(models: list, verify: bool = True) -> CircleModel:
     if verify:
         cm.check()
     return cm
+
+
+# a direct ``import circle_fx.api`` registers what ``circle_fx.export`` needs (circle_fx/__init__ is lazy)
+from . import load_compiler as _load_compiler  # noqa: E402
+
+_load_compiler()

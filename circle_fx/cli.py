@@ -163,9 +163,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from .quiet import preload_noisy_libraries
+    if getattr(args, "compiler", True):  # `generate` runs a package: onert + numpy, no torch(ao) to quiet
+        from .quiet import preload_noisy_libraries
 
-    preload_noisy_libraries()
+        preload_noisy_libraries()
     try:
         return args.func(args)
     except CircleFxError as e:

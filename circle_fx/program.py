@@ -34,6 +34,9 @@ class Program:
     #: Run-time limits stored in the file (``circle_fx.limits`` metadata, :mod:`circle_fx.emit.index_limits`):
     #: export_llm's dynamic dims' maxima; None: none but those the emitter finds
     limits: dict | None = None
+    #: Its constants are stored once with other entry points' that read them too (export_llm's
+    #: one-file package): linears then keep the form that holds a weight once (:mod:`circle_fx.emit.linear_form`)
+    shared_weights: bool = False
     #: The one store of applied fusions and near misses (summary, CLI, explain read it).
     fusion_log: FusionLog = field(default_factory=FusionLog)
 

@@ -15,6 +15,16 @@ The numbers behind the constants are in ``docs/onert-findings.md`` ("Linear form
 Dynamic row counts keep FULLY_CONNECTED: it is correct for any row count, and the case
 that varies at run time (decoding one token) is exactly the one CONV_2D loses.
 
+Weights held once. onert's CONV_2D keeps a private transposed copy of a constant filter (made
+when the session is prepared) and frees the file's bytes only when no other op reads that buffer;
+FULLY_CONNECTED and BATCH_MATMUL read the buffer as it is (``docs/probes/linear_weight_copies.py``:
+a 64 MiB weight read by FC and CONV_2D is held 129 MiB, by two CONV_2Ds 129 MiB, by FC alone 64).
+So where entry points share their weights (``Program.shared_weights``: export_llm's one-file
+package, prefill and decode over the same buffers) every linear is FULLY_CONNECTED: SmolLM2-135M
+float32's runner peaked at weights + 729 MiB with prefill's CONV_2Ds and a CONV_2D LM head in both
+entry points, at weights + 99 MiB all FULLY_CONNECTED, prefill not slower with no core free
+(``benchmarks/llm_weight_copies.py``; CONV_2D's second thread gains only on an idle core).
+
 A node may force its form with ``node.meta[LINEAR_FORM]`` (:mod:`circle_fx.meta`) (one of :data:`FORMS`),
 which tests and ``benchmarks/onert_speed.py`` use. A linear whose weight is quantized
 (``node.meta[QUANT_META]``) keeps FULLY_CONNECTED. Its per-row-count choice is the
@@ -53,9 +63,10 @@ CONV_MIN_MACS = 32 * 768 * 768
 CONV_MIN_OUT_FEATURES = 16384
 
 
-def choose(rows: int | None, in_features: int, out_features: int) -> str:
-    """The form for a linear with ``rows`` rows (None: dynamic) and an ``[out, in]`` weight."""
-    if rows is None:
+def choose(rows: int | None, in_features: int, out_features: int, shared: bool = False) -> str:
+    """The form for a linear with ``rows`` rows (None: dynamic) and an ``[out, in]`` weight;
+    ``shared``: other entry points of the file read the same weight (see "Weights held once")."""
+    if rows is None or shared:
         return FULLY_CONNECTED
     if out_features >= CONV_MIN_OUT_FEATURES:
         return CONV_2D

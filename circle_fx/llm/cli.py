@@ -224,4 +224,4 @@ def add_commands(sub) -> None:
     g.add_argument("--repetition-penalty", type=float, default=None)
     g.add_argument("--seed", type=int, default=None, help="seed of the sampler (same choices as "
                    "torch.manual_seed(SEED) before transformers' generate)")
-    g.set_defaults(func=cmd_generate)
+    g.set_defaults(func=cmd_generate, compiler=False)  # torch-free, as the runner (tests/llm/test_llm_no_torch.py)

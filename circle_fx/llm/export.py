@@ -152,6 +152,7 @@ def _capture(module, args, input_names, pipeline, quantize=None, limits=None, we
     names = program.gm.meta.get(CONSTANT_NAMES, {})
     names.update({k: v[len("model."):] for k, v in names.items() if v.startswith("model.")})
     program.limits = limits  # stored in the file (circle_fx.limits metadata)
+    program.shared_weights = True  # every entry point reads the same weights (emit/linear_form.py)
     return api.lower(program, passes=pipeline, quantize=quantize, weight_cache=weight_cache)
 
 

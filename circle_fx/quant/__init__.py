@@ -13,14 +13,18 @@
   samples)`` -> ``QuantConfig(importance=...)`` weights the Q4_0 block scales by what each input
   column carries.
 
-The quantizer needs torchao (``pip install circle-fx[quant]``); it is imported on first use
+``Importance``/``activation_importance`` (torch) are imported on first use, as is the quantizer:
+it needs torchao (``pip install circle-fx[quant]``); it is imported on first use
 so that ``import circle_fx`` never requires it.
 """
 from .config import QuantConfig, resolve_quantize
-from .importance import Importance, activation_importance
 
 
-def __getattr__(name):
+def __getattr__(name):  # importance and pt2e need torch; the CLI reads config/options without it
+    if name in ("Importance", "activation_importance"):
+        from . import importance
+
+        return getattr(importance, name)
     if name == "CircleQuantizer":
         from .pt2e import CircleQuantizer
 

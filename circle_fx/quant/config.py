@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ..errors import InputError
-from .importance import Importance
 
 #: linear weights: ``int8`` symmetric with one scale per output row (onert's hybrid FC), or GGML
 #: blocks of 32 with a float16 scale each (``q8_0``: 8.5 bits/weight, ``q4_0``: 4.5)
@@ -145,11 +144,14 @@ class QuantConfig:
             raise InputError(f"QuantConfig(overrides=...): {bad!r}: patterns must be non-empty strings and modes "
                              f"one of {', '.join(map(repr, WEIGHT_MODES))} or None")
         object.__setattr__(self, "overrides", overrides)
-        if self.importance is not None and not isinstance(self.importance, Importance):
-            if not isinstance(self.importance, Mapping):
-                raise InputError(f"QuantConfig(importance=...): expected circle_fx.quant.activation_importance(...) "
-                                 f"or a {{name: values}} mapping, got {type(self.importance).__name__}")
-            object.__setattr__(self, "importance", Importance(self.importance))
+        if self.importance is not None:
+            from .importance import Importance  # torch: imported here, not with this module (the CLI reads it)
+
+            if not isinstance(self.importance, Importance):
+                if not isinstance(self.importance, Mapping):
+                    raise InputError(f"QuantConfig(importance=...): expected circle_fx.quant.activation_importance"
+                                     f"(...) or a {{name: values}} mapping, got {type(self.importance).__name__}")
+                object.__setattr__(self, "importance", Importance(self.importance))
         if self.weights is None and self.embedding is None:
             raise InputError("QuantConfig(weights=None, embedding=None) quantizes nothing; "
                              "pass quantize=None for a float model")

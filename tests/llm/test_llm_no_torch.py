@@ -57,3 +57,36 @@ def test_runner_generates_without_torch(tmp_path):
     assert out["greedy"] == want
     a, b = out["sampled"]
     assert a == b and len(a) == 9 and all(0 <= t < model.config.vocab_size for t in a)  # seeded: reproducible
+
+
+CLI = '''
+import json, sys
+from circle_fx.cli import main
+code = main(["generate", sys.argv[1], "--prompt-ids", "3,4,5", "--max-new-tokens", "8", "--ignore-eos"])
+print(json.dumps({"code": code, "torch_loaded": "torch" in sys.modules,
+                  "compiler_loaded": any(m in sys.modules for m in ("circle_fx.api", "circle_fx.passes"))}))
+'''
+
+
+def test_cli_generate_without_torch(tmp_path):
+    """``circle-fx generate`` is the runner's command line: with torch blocked it generates
+    transformers' greedy tokens, and with torch installed it imports neither torch nor the compiler
+    (its RSS is the runner's: benchmarks/llm_package.py)."""
+    model = tiny("llama")
+    pkg = circle_fx.export_llm(model, max_seq_len=16, prefill_len=4, tokenizer=None)
+    pkg.save(tmp_path / "pkg")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
+    import torch
+
+    want = model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=8, do_sample=False, eos_token_id=None)[0].tolist()
+    for blocked in (True, False):
+        path = [str(tmp_path / "site"), ROOT] if blocked else [ROOT]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(CLI), str(tmp_path / "pkg")], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        lines = r.stdout.strip().splitlines()
+        out = json.loads(lines[-1])
+        assert out == {"code": 0, "torch_loaded": False, "compiler_loaded": False}, (blocked, out)
+        assert [int(t) for t in lines[-2].split(",")] == want
