@@ -104,6 +104,12 @@ class LoweringContext(NodeInfo):
         self.values: dict[fx.Node, int] = {}
         self._packed: dict[tuple, int] = {}  # (constant, block type, shape) -> tensor (packed_const)
 
+    @property
+    def shared_weights(self) -> bool:
+        """Other entry points of the file read this program's constants too (``Program.shared_weights``:
+        export_llm's one-file package), so a lowering picks forms that hold a weight once."""
+        return self.program.shared_weights
+
     # --------------------------------------------------------------- tensors
     def tensor(self, value, dtype: torch.dtype | None = None) -> int:
         """Tensor index for an FX node or a Python scalar (``dtype`` picks the scalar's type)."""

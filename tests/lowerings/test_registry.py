@@ -99,8 +99,8 @@ def test_every_lowering_module_is_imported():
     assert names, folder
     for name in names:
         assert f"circle_fx.emit.lowerings.{name}" in sys.modules, name
-    defining = {fn.__module__.rsplit(".", 1)[1] for t, fn in LOWERINGS.items()
-                if t in builtin_targets(("circle_fx.emit.lowerings",))}
+    targets = builtin_targets(("circle_fx.emit.lowerings",))
+    defining = {fn.__module__.rsplit(".", 1)[1] for t, fn in LOWERINGS.items() if t in targets}
     assert defining == names, names ^ defining
 
 

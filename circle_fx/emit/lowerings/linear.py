@@ -91,7 +91,7 @@ def _form(ctx, node, w, rows):
     if ctx.quantization(w) is not None:
         return linear_form.FULLY_CONNECTED
     out_f, in_f = ctx.dims(w, static=True)
-    return linear_form.choose(rows, in_f, out_f, shared=ctx.program.shared_weights)
+    return linear_form.choose(rows, in_f, out_f, shared=ctx.shared_weights)
 
 
 def _linear_conv(ctx, node, x, w, b, rows, activation="none"):
