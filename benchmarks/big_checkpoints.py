@@ -109,26 +109,42 @@ def convert_child(ckpt: str, pkg: str, quantize: str) -> None:
                       "files": {f: os.path.getsize(os.path.join(pkg, f)) for f in os.listdir(pkg) if f.endswith(".circle")}}))
 
 
-def run_child(pkg: str) -> None:
-    """In the child: prefill 32 ids, then 16 decode steps, in onert; one JSON line."""
+def run_child(pkg: str, where: str = "x86") -> None:
+    """In the child: prefill 32 ids, then 16 decode steps (4 on ``arm64``: onert's aarch64 build
+    under qemu-user, emulated, so its times say nothing of a device), in onert; one JSON line."""
+    import contextlib
+
     import numpy as np
 
     from circle_fx.llm.runner import LLMRunner
 
-    t0 = time.perf_counter()
-    r = LLMRunner(pkg)
-    load = time.perf_counter() - t0
-    ids = list(np.random.default_rng(0).integers(3, 32000, 32))
-    t0 = time.perf_counter()
-    logits = r.run_prefill(ids)
-    prefill = time.perf_counter() - t0
-    tok, steps = int(np.argmax(logits)), []
-    for p in range(32, 48):
+    with contextlib.ExitStack() as stack:
+        runtime = None
+        if where == "arm64":
+            from circle_fx.circle.arm64 import Arm64Runtime
+
+            runtime = stack.enter_context(Arm64Runtime())
         t0 = time.perf_counter()
-        tok = int(np.argmax(r.step(tok, p)))
-        steps.append(time.perf_counter() - t0)
-    print(json.dumps({"load_s": load, "prefill_s": prefill, "decode_ms": 1000 * float(np.median(steps)),
-                      "finite": bool(np.isfinite(logits).all())}))
+        r = LLMRunner(pkg, runtime=runtime)
+        load = time.perf_counter() - t0
+        ids = list(np.random.default_rng(0).integers(3, 32000, 32))
+        t0 = time.perf_counter()
+        logits = r.run_prefill(ids)
+        prefill = time.perf_counter() - t0
+        tok, steps, toks, finite = int(np.argmax(logits)), [], [], bool(np.isfinite(logits).all())
+        for p in range(32, 48 if where == "x86" else 36):
+            t0 = time.perf_counter()
+            out = r.step(tok, p)
+            steps.append(time.perf_counter() - t0)
+            finite &= bool(np.isfinite(out).all())
+            tok = int(np.argmax(out))
+            toks.append(tok)
+        worker_rss = None
+        if runtime is not None and runtime._proc is not None:  # the qemu worker's peak (emulator included)
+            with open(f"/proc/{runtime._proc.pid}/status") as f:
+                worker_rss = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+    print(json.dumps({"where": where, "load_s": load, "prefill_s": prefill, "worker_rss": worker_rss,
+                      "decode_ms": 1000 * float(np.median(steps)), "finite": finite, "tokens": toks}))
 
 
 def smollm2(quantize: str) -> None:
@@ -187,13 +203,16 @@ def main(argv=None) -> None:
     ap.add_argument("--work", default="/tmp/i34")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-run", action="store_true", help="convert only (no onert run)")
+    ap.add_argument("--arm64", action="store_true",
+                    help="run the package on onert's aarch64 build under qemu-user (emulated: it shows the "
+                         "package generates; its times are not a device's), e.g. where x86 onert cannot run GGML")
     ap.add_argument("--smollm2", action="store_true", help="only compare SmolLM2's streamed and in-memory export")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.smollm2:
         return smollm2(args.quantize)
     if args.child:
-        return convert_child(*args.child[1:]) if args.child[0] == "convert" else run_child(args.child[1])
+        return convert_child(*args.child[1:]) if args.child[0] == "convert" else run_child(*args.child[1:])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     me = [sys.executable, os.path.abspath(__file__)]
     rows = []
@@ -203,8 +222,8 @@ def main(argv=None) -> None:
           f"{bw_best / 1e9:.2f}; runs {' '.join(f'{r / 1e9:.2f}' for r in bw_runs)}", flush=True)
     from circle_fx.circle.ggml_support import ggml_unsupported_reason
     no_ggml = args.quantize in ("q4_0", "q8_0") and ggml_unsupported_reason()
-    if no_ggml and not args.no_run:
-        print(f"onert run skipped: {no_ggml}", flush=True)
+    if no_ggml and not args.no_run and not args.arm64:
+        print(f"onert run skipped: {no_ggml} (--arm64 runs it on onert's aarch64 build, emulated)", flush=True)
     for name in args.configs:
         ckpt, pkg = os.path.join(args.work, f"ckpt_{name}"), os.path.join(args.work, f"pkg_{name}_{args.quantize}")
         t0 = time.perf_counter()
@@ -218,6 +237,12 @@ def main(argv=None) -> None:
         if not args.no_run and not no_ggml:
             run, run_usage = timed([*me, "--child", "run", pkg], dict(env, NUM_THREADS="1"))
             row.update(run=run, run_usage=run_usage)
+        if not args.no_run and args.arm64:
+            run, run_usage = timed([*me, "--child", "run", pkg, "arm64"], dict(env, NUM_THREADS="1"))
+            row.update(arm64_run=run, arm64_run_usage=run_usage)
+            print(f"{name} on arm64 (qemu, emulated): prefill 32 ids {run['prefill_s']:.1f} s, decode "
+                  f"{run['decode_ms']:.0f} ms/token (emulated), logits finite {run['finite']}, greedy tokens "
+                  f"{run['tokens']}, peak RSS of the qemu worker {(run['worker_rss'] or 0) / 2 ** 30:.2f} GiB", flush=True)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if not args.keep:
