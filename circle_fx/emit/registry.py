@@ -81,11 +81,9 @@ BUILTIN_PACKAGES = ("circle_fx.emit.lowerings", "circle_fx.quant.lowerings", "ci
 
 def builtin_targets(packages=BUILTIN_PACKAGES) -> set:
     """Targets whose lowering is a built-in one (defined in a module under one of ``packages``).
-    Loads the compiler first: ``import circle_fx`` alone registers nothing (it is lazy, so a
-    torch-free runner can import it), and a guard iterating this must see every built-in."""
-    import circle_fx
-
-    circle_fx.load_compiler()
+    The caller loads the compiler first (``circle_fx.load_compiler()``): ``import circle_fx``
+    alone registers nothing (it is lazy, so a torch-free runner can import it), and emit may not
+    import the root package (docs/architecture.md), so a guard iterating this must do it."""
     prefixes = tuple(f"{p}." for p in packages)
     return {t for t, fn in LOWERINGS.items() if getattr(fn, "__module__", "").startswith(prefixes)}
 

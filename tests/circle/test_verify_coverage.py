@@ -13,6 +13,8 @@ import circle_fx
 from circle_fx.circle.schema import BO
 from circle_fx.circle.verify import has_rule
 
+circle_fx.load_compiler()  # builtin_targets sees only what is registered; import circle_fx is lazy
+
 from test_verify import first_op, mutate, assert_problem
 
 EMIT = pathlib.Path(circle_fx.__file__).parent / "emit"

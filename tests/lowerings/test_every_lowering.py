@@ -26,6 +26,8 @@ from circle_fx.dialect.nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from circle_fx.dialect.weights import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 from circle_fx.source import op_name
 
+circle_fx.load_compiler()  # builtin_targets sees only what is registered; import circle_fx is lazy
+
 from onert_eager import Fn, assert_onert_matches_eager
 
 aten = torch.ops.aten

@@ -17,6 +17,8 @@ import pathlib
 import circle_fx
 from circle_fx.emit.registry import LOWERINGS, builtin_targets
 
+circle_fx.load_compiler()  # builtin_targets sees only what is registered; import circle_fx is lazy
+
 #: attributes a lowering must not read, on anything (ctx internals and raw FX metadata)
 FORBIDDEN_ATTRS = {"program", "builder", "values", "gm", "meta", "tensors", "buffers", "operators"}
 #: names a lowering must not use (reach around ctx for constants, shapes or the builder)

@@ -13,8 +13,11 @@ import warnings
 import pytest
 import torch
 
+import circle_fx
 from circle_fx.emit import registry
 from circle_fx.emit.registry import LOWERINGS, builtin_targets, lowering, lowering_for
+
+circle_fx.load_compiler()  # builtin_targets sees only what is registered; import circle_fx is lazy
 
 aten = torch.ops.aten
 ROOT = pathlib.Path(__file__).resolve().parents[2]
