@@ -45,6 +45,12 @@ RMS_NORM = (3, 4)
 ELEMENTWISE = 6
 #: SELECT_V2 with a broadcasting operand (scalar, lower rank, size-1 dim): wrong values at rank 5-6
 SELECT_V2_BROADCAST = 4
+#: LOGICAL_OR / LOGICAL_AND with a broadcasting operand (size-1 dims, a lower rank): wrong booleans,
+#: no error, at rank 5-6 (up to 240 of 288 elements; exact at rank <= 4 and with operands of the
+#: output's shape: docs/probes/logical_broadcast.py)
+LOGICAL_BROADCAST = 4
+#: the elementwise ops whose broadcasting is wrong above a lower rank than :data:`ELEMENTWISE`
+BROADCAST_RANK = {"SELECT_V2": SELECT_V2_BROADCAST, "LOGICAL_OR": LOGICAL_BROADCAST, "LOGICAL_AND": LOGICAL_BROADCAST}
 #: LESS / GREATER / EQUAL / NOT_EQUAL ...: wrong booleans, no error, at rank 5 (shapes equal or not)
 COMPARISON = 4
 #: DEPTHWISE_CONV_2D output depth (input channels x multiplier): one channel more and onert
@@ -58,8 +64,8 @@ COMPARISONS = frozenset({"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUA
 def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -> int:
     """The largest output rank at which elementwise op ``name`` (e.g. ``"SELECT_V2"``) is
     computed correctly with operands of these dims."""
-    if name == "SELECT_V2" and any(list(d) != list(output_dims) for d in input_dims):
-        return SELECT_V2_BROADCAST
+    if name in BROADCAST_RANK and any(list(d) != list(output_dims) for d in input_dims):
+        return BROADCAST_RANK[name]
     if name in COMPARISONS:
         return COMPARISON
     return ELEMENTWISE

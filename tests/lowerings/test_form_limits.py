@@ -192,6 +192,45 @@ def test_square_float_only(dtype, tmp_path):
     np.testing.assert_array_equal(got, a * a)
 
 
+@pytest.mark.parametrize("op", ["or", "and"])
+def test_logical_broadcast_rank(lowered, op):
+    """onert 0.1.0's LOGICAL_OR / LOGICAL_AND with a broadcasting operand return wrong booleans,
+    without an error, at rank 5-6 (docs/probes/logical_broadcast.py): the lowering emits the
+    rank-5 operator, verify reports it without the ``ranks`` step, which folds it to rank <= 4."""
+    a = torch.rand(2, 3, 4, 5, 6, generator=torch.Generator().manual_seed(5)) > 0.5
+    b = torch.rand(1, 3, 1, 5, 6, generator=torch.Generator().manual_seed(6)) > 0.5
+    fn = (lambda x, y: x | y) if op == "or" else (lambda x, y: x & y)
+    cm = assert_onert_matches_eager(Fn(fn), (a, b), rtol=0, atol=0)
+    code, name = (BO.LOGICAL_OR, "LOGICAL_OR") if op == "or" else (BO.LOGICAL_AND, "LOGICAL_AND")
+    (plain, ins), = _plain(lowered, code)
+    assert sorted(len(t.shape) for t in ins) == [5, 5]  # plain: the op at the rank torch wrote it
+    problems = _verify_without(lowered, "ranks")
+    assert any(f"{name} with broadcasting operands correctly up to rank 4" in p for p in problems), problems
+    circle_fx.verify(bytes(cm.to_bytes()))
+    from circle_fx.circle.reader import read_circle
+    model = read_circle(bytes(cm.to_bytes()))
+    folded = [o for o in model.operators if o.name == name]
+    assert folded and all(len(model.tensors[o.outputs[0]].shape) <= 4 for o in folded)
+
+
+def test_logical_broadcast_that_cannot_fold_is_refused():
+    """Broadcasts alternating at every position do not merge into 4 dims: an export error naming
+    the operator, not a file that computes wrong booleans."""
+    a = torch.zeros(2, 1, 3, 1, 4, dtype=torch.bool)
+    b = torch.zeros(1, 3, 1, 2, 1, dtype=torch.bool)
+    with pytest.raises(circle_fx.UnsupportedOpError, match="5-D LOGICAL_OR .* correctly up to rank 4"):
+        circle_fx.export(Fn(lambda x, y: x | y), (a, b))
+
+
+def test_rank5_bool_expand_is_not_a_broadcasting_logical_or():
+    """A bool ``expand`` is LOGICAL_OR with a False constant up to rank 4; at rank 5 that OR
+    would be wrong in onert (alternating broadcasts do not fold), so it is a BROADCAST_TO, which
+    the ``types`` step carries through int32 (exact)."""
+    m = torch.rand(2, 1, 3, 1, 4, generator=torch.Generator().manual_seed(7)) > 0.5
+    cm = assert_onert_matches_eager(Fn(lambda k: k.expand(2, 5, 3, 6, 4)), (m,), rtol=0, atol=0)
+    assert "LOGICAL_OR" not in cm.op_histogram() and cm.op_histogram()["BROADCAST_TO"] == 1
+
+
 def test_ggml_rows(lowered):
     model = torch.nn.Linear(64, 32).eval()
     x = randn(2, 3, 64)

@@ -88,9 +88,10 @@ def expand(ctx, node):
     if len(src) < len(out):  # leading new dims: make ranks equal first
         src = padded(src, len(out))
         x = ctx.reshaped(x, src, name="rank")
-    if ctx.dtype(node) == torch.bool:
-        # onert 0.1.0's BROADCAST_TO has no bool kernel ("BroadcastToLayer: unsupported data
-        # type"): OR with a False constant of the repeated sizes broadcasts instead
+    if ctx.dtype(node) == torch.bool and len(out) <= limits.LOGICAL_BROADCAST:
+        # OR with a False constant of the repeated sizes broadcasts a bool in one op (BROADCAST_TO
+        # has no bool kernel: the types step would CAST through int32). Not above rank
+        # LOGICAL_BROADCAST, where onert's broadcasting LOGICAL_OR is wrong: BROADCAST_TO there.
         zeros = ctx.const(np.zeros([o if s == 1 else 1 for s, o in zip(src, out)], np.bool_), "broadcast")
         ctx.op(BO.LOGICAL_OR, [x, zeros], [ctx.output(node)])
         return
