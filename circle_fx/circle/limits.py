@@ -160,11 +160,19 @@ def dynamic_input(name, ins, outs):
     return None
 
 
+def holds_several_positions(table_dims) -> bool:
+    """A ROPE sin / cos table of these dims holds more than one position (a dim but the last is
+    not 1; -1, dynamic, counts as several). The one test of the limit: the RoPE fusion's
+    check (FX shapes), :func:`several_positions` (verify, legalization) and the
+    ``rope_positions`` step ask it."""
+    return len(table_dims) > 0 and any(d != 1 for d in table_dims[:-1])
+
+
 def several_positions(name, ins, outs):
     """ROPE tables (inputs 1, 2) holding more than one position: onert 0.1.0 applies the first
     row to every position, silently (docs/onert-findings.md, matrix: ROPE)."""
     for what, t in zip(("sin", "cos"), ins[1:3]):
-        if len(t.dims) and any(d != 1 for d in t.dims[:-1]):
+        if holds_several_positions(t.dims):
             return f"{what} table {t.dims} holds several positions; onert 0.1.0's ROPE would use the first for all"
     return None
 

@@ -127,6 +127,21 @@ def test_rope_of_one_position_stays_rope(lowered):
     assert "ROPE" in {op.name for op in _ops(cm)}
 
 
+@pytest.mark.parametrize("table", [[8], [1, 8], [1, 1, 1, 8], [3, 8], [1, 1, 3, 8], [2, 1, 1, 8]])
+def test_rope_fusion_and_limit_agree_on_one_position(table):
+    """The RoPE fusion creates ROPE only where the ``rope_positions`` limit holds (one test,
+    ``limits.holds_several_positions``), so no fused ROPE is decomposed again."""
+    from circle_fx.circle import limits
+    from circle_fx.circle.op_table import Operand
+    from circle_fx.fusions.rope import _check_one_position
+
+    x = torch.empty(1, 2, 1, 8)
+    t = torch.empty(*table)
+    fx = _check_one_position({"x": x, "sin": t, "cos": t})  # (fx_utils.val: a value stands for its node)
+    ops = [Operand([1, 2, 1, 8], "FLOAT32", False)] + [Operand(table, "FLOAT32", True)] * 2
+    assert (fx is None) == (limits.several_positions("ROPE", ops, []) is None), (fx, table)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
 def test_select_v2_values_float_only(lowered, dtype):
     ids = torch.arange(8).reshape(2, 4)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...circle.dims import broadcast
+from ...circle.limits import holds_several_positions
 from ...circle.schema import CIRCLE_TO_NUMPY, make_options as options, type_name
 from ..builder import BO, ModelBuilder, OperatorInfo
 
@@ -112,7 +113,7 @@ def _decomposed_rms_norm(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInf
 def _decomposed_rope(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     x, sin, cos = op.inputs
     out = op.outputs[0]
-    if all(d == 1 for t in (sin, cos) for d in mb.dims(t)[:-1]):
+    if not any(holds_several_positions(mb.dims(t)) for t in (sin, cos)):
         return None
     dims, info, src = mb.dims(x), mb.tensors[x], op.source
     d = dims[-1]
