@@ -157,6 +157,31 @@ def test_select_v2_values_float_only(lowered, dtype):
     assert "SELECT_V2" not in {op.name for op in _ops(cm)}
 
 
+@pytest.mark.parametrize("table", ["bool", "int64_constant"])
+def test_gather_table_types(lowered, table):
+    """onert's GATHER gathers float32 / int32 tables only: the index lowering emits a plain GATHER
+    of a bool table (a mask) or of an int64 constant table (a hash table), and the ``types`` step
+    carries it: CAST through int32, or the constant stored as int32 and the result CAST back."""
+    ids = torch.tensor([[3, 0, 2, 2]])
+    if table == "bool":
+        fn = lambda m, i: m[0][i]  # noqa: E731
+        args = (torch.tensor([[True, False, True, False, True]]), ids)
+    else:
+        hashed = torch.tensor([7, 1, 2**31 - 5, 4, 0])
+        fn = lambda i: hashed[i] * 1  # noqa: E731
+        args = (ids,)
+    cm = assert_onert_matches_eager(Fn(fn), args, rtol=0, atol=0)
+    (op, ins), = _plain(lowered, BO.GATHER)
+    assert ins[0].type == (TT.BOOL if table == "bool" else TT.INT64)  # plain: GATHER of the table's type
+    problems = _verify_without(lowered, "types")
+    want = "BOOL" if table == "bool" else "INT64"
+    assert any(f"input type {want}: onert 0.1.0's GATHER runs" in p for p in problems), problems
+    from circle_fx.circle.reader import read_circle
+    model = read_circle(bytes(cm.to_bytes()))
+    gather, = [o for o in model.operators if o.name == "GATHER"]
+    assert model.tensors[gather.inputs[0]].type == TT.INT32
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_tile_float_only(lowered, dtype):
     """A dynamic ``expand`` lowers to TILE (BROADCAST_TO needs the whole output shape); onert's
