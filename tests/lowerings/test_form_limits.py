@@ -182,6 +182,19 @@ def test_gather_table_types(lowered, table):
     assert model.tensors[gather.inputs[0]].type == TT.INT32
 
 
+def test_int64_transpose_of_size1_dims(lowered):
+    """XLNet's ``input_ids.transpose(0, 1)`` on batch 1: the lowering emits a plain int64
+    TRANSPOSE (onert: "Transpose: unsupported data type"), verify reports it without the ``types``
+    step, which makes it the RESHAPE it is (only a size-1 dim moves)."""
+    ids = torch.randint(0, 2**40, (1, 8), generator=torch.Generator().manual_seed(2))
+    cm = assert_onert_matches_eager(Fn(lambda i: i.transpose(0, 1) * 3), (ids,), rtol=0, atol=0)
+    (op, ins), = _plain(lowered, BO.TRANSPOSE)
+    assert ins[0].type == TT.INT64
+    problems = _verify_without(lowered, "types")
+    assert any("input type INT64: onert 0.1.0's TRANSPOSE runs" in p for p in problems), problems
+    assert "TRANSPOSE" not in cm.op_histogram()
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_tile_float_only(lowered, dtype):
     """A dynamic ``expand`` lowers to TILE (BROADCAST_TO needs the whole output shape); onert's
