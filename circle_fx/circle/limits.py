@@ -185,6 +185,34 @@ def ggml_rows(name, ins, outs):
     return None
 
 
+# ------------------------------------------------------------------ index inputs
+#: the legalization step (``emit/index_limits.py``) that clamps GATHER indices read from graph inputs
+INDEX_CLAMPS = "index_clamps"
+#: operators whose output holds the same values as their first input (an index passes unchanged)
+KEEPS_INDEX_VALUES = frozenset({"RESHAPE", "CAST"})
+#: the index types onert's GATHER takes from a model input
+INDEX_TYPES = frozenset({"INT32", "INT64"})
+
+
+def index_source(t: int, producers: dict, graph_inputs) -> int | None:
+    """The graph input whose values tensor ``t`` holds unchanged (directly, or through
+    :data:`KEEPS_INDEX_VALUES` operators; ``producers``: tensor -> ``(op name, inputs)``), or None."""
+    while t not in graph_inputs:
+        made = producers.get(t)
+        if made is None or made[0] not in KEEPS_INDEX_VALUES:
+            return None
+        t = made[1][0]
+    return t
+
+
+def unclamped_index_problem(input_name: str, rows: int) -> str:
+    """A GATHER reading a graph input's values as indices, unclamped: onert 0.1.0 does not check
+    GATHER indices, and an id past the table reads outside it and returns whatever is there, no
+    error (docs/onert-findings.md; torch raises IndexError)."""
+    return (f"{INDEX_CLAMPS}: indices from graph input {input_name!r} reach the GATHER of a {rows}-row table "
+            "unclamped; onert 0.1.0 reads outside the table for an id out of range, without an error")
+
+
 # ------------------------------------------------------------------ graph outputs
 #: the legalization step (``emit/legalize/outputs.py``) that gives such outputs a tensor of their own
 OUTPUT_COPIES = "output_copies"

@@ -300,6 +300,37 @@ def test_ggml_rows(lowered):
         assert np.abs(cm.run(x)[0] - ref).max() / np.abs(ref).max() < 0.05  # q4_0 weights
 
 
+def test_index_clamps(lowered):
+    """onert's GATHER reads outside the table for an id out of range, without an error: the
+    embedding lowering emits a plain GATHER of the input ids, the ``index_clamps`` step clamps
+    them; without it ``check`` refuses the operators (the step's ``ensures``) and ``verify`` warns
+    about a file that neither clamps nor declares the input's ``index_range``."""
+    import warnings
+
+    from circle_fx.emit.legalize import check
+
+    emb = torch.nn.Embedding(10, 4).eval()
+    ids = torch.tensor([[1, 9, 0]])
+    cm = assert_onert_matches_eager(emb, (ids,), rtol=0, atol=0)
+    mb = lowered["mb"]
+    (op, ins), = _plain(lowered, BO.GATHER)
+    assert op.inputs[1] in mb.inputs  # plain: the ids as they come
+    with pytest.raises(circle_fx.LegalizeError, match="index_clamps: indices from graph input .* unclamped"):
+        check(copy.deepcopy(mb), "index_clamps", {"index_clamps"})
+    unclamped = copy.deepcopy(mb)
+    protected = set(lowered["protected"])
+    for step in STEPS:
+        if step.name != "index_clamps":
+            step.run(unclamped, protected)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report = circle_fx.verify(bytes(serialize(unclamped).head))
+    assert report.unclamped_indices and any("10-row table unclamped" in str(w.message) for w in seen), seen
+    assert not circle_fx.verify(bytes(cm.to_bytes())).unclamped_indices
+    unclamped_file = circle_fx.export(emb, (ids,), clamp_indices=False)  # declares index_range instead
+    assert not circle_fx.verify(bytes(unclamped_file.to_bytes())).unclamped_indices
+
+
 def test_output_copies(lowered):
     def fn(x):
         y = x + 1

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...circle import op_table
+from ...circle.limits import INDEX_CLAMPS
 from ...circle.op_table import ELEMENT_TYPES, Operand, data_inputs, form_problems, rank_problem, unsupported_type
 from ...circle.schema import type_name
 from ...errors import LegalizeError
+from .. import index_limits
 from ..builder import ModelBuilder, op_name
-from ..index_limits import guard_indices
 from . import forms, outputs, peephole, ranks, types
 
 #: what a step establishes for every operator (checked after it and after every later step);
@@ -64,8 +65,8 @@ STEPS: tuple[Step, ...] = (
     Step("ranks", lambda mb, _: ranks.legalize(mb), frozenset({RANKS})),
     Step("peephole", peephole.simplify, required=False),
     # after the peephole, which would bypass what they add; skipped, the ranges are still recorded
-    Step("index_clamps", lambda mb, _: guard_indices(mb, clamp=True), required=False,
-         when_skipped=lambda mb, _: guard_indices(mb, clamp=False)),
+    Step(INDEX_CLAMPS, lambda mb, _: index_limits.guard_indices(mb, clamp=True), frozenset({INDEX_CLAMPS}),
+         required=False, when_skipped=lambda mb, _: index_limits.guard_indices(mb, clamp=False)),
     Step(outputs.OUTPUT_COPIES, outputs.copy_outputs, frozenset({outputs.OUTPUT_COPIES})),
 )
 
@@ -89,12 +90,15 @@ def legalize(mb: ModelBuilder, protected: set[int], skip=frozenset()) -> None:
 
 def check(mb: ModelBuilder, step: str, ensured) -> None:
     """Raise a :class:`LegalizeError` naming ``step`` when an operator breaks a limit in
-    ``ensured`` (:data:`TYPES`, :data:`RANKS`, a form limit's name, :data:`outputs.OUTPUT_COPIES`)."""
+    ``ensured`` (:data:`TYPES`, :data:`RANKS`, a form limit's name, :data:`outputs.OUTPUT_COPIES`,
+    ``limits.INDEX_CLAMPS``: no GATHER reads a graph input's values unclamped)."""
     if not ensured:
         return
     problems, ops = [], []
     if outputs.OUTPUT_COPIES in ensured:
         problems += outputs.problems(mb)
+    if INDEX_CLAMPS in ensured:
+        problems += index_limits.problems(mb)
     for k, op in enumerate(mb.operators):
         name = op_name(op.code)
         msg = None
