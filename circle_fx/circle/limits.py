@@ -185,6 +185,16 @@ def ggml_rows(name, ins, outs):
     return None
 
 
+def ggml_gather_ids(name, ins, outs):
+    """A GATHER from a GGML block table with indices that are not 1-D int32: onert 0.1.0's GGML
+    GATHER takes int32 indices only, and with ids ``[B, T]``, B > 1, fills only the first B-row
+    and leaves the rest zero (measured; quant/lowerings/ggml.py)."""
+    if len(ins) > 1 and ins[0].type.startswith("GGML_") and (ins[1].type != "INT32" or len(ins[1].dims) != 1):
+        return (f"{ins[1].type} indices of shape {list(ins[1].dims)}; onert 0.1.0's GATHER from a {ins[0].type} "
+                "table takes 1-D int32 indices only (int64 fails, [B, T] fills only the first row)")
+    return None
+
+
 # ------------------------------------------------------------------ index inputs
 #: the legalization step (``emit/index_limits.py``) that clamps GATHER indices read from graph inputs
 INDEX_CLAMPS = "index_clamps"

@@ -14,7 +14,7 @@ A row (:class:`CircleOp`) names
   at load / prepare (docs/onert-findings.md, "Element types"; ``test_table_matches_onert``
   re-measures them);
 - ``forms``: its other onert limits, ``(limit name, check)`` (a constant lhs, a dynamic input,
-  a table holding several positions, a GGML weight's input rank), each fixed by the legalization step of that name
+  a table holding several positions, a GGML weight's input rank, a GGML table's indices), each fixed by the legalization step of that name
   (``emit/legalize/forms.py``);
 - ``options``: its options table (``schema.options_class_name``: onert segfaults without it);
 - ``fold``: how the ``ranks`` legalization step brings it within its rank limit (a fold of
@@ -38,6 +38,7 @@ CONSTANT_LHS = ("constant_lhs", limits.constant_lhs)
 DYNAMIC_RMS_NORM = ("dynamic_rms_norm", limits.dynamic_input)
 ROPE_POSITIONS = ("rope_positions", limits.several_positions)
 GGML_ROWS = ("ggml_rows", limits.ggml_rows)
+GGML_GATHER_IDS = ("ggml_gather_ids", limits.ggml_gather_ids)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ _ROWS = [
     CircleOp("RESHAPE", "reshape"),
     CircleOp("TRANSPOSE", "transpose", types=((0,), _F32_I32)),
     CircleOp("CONCATENATION", "concatenation", types=(None, frozenset({"FLOAT32", "INT32", "INT64", "INT8"}))),
-    CircleOp("GATHER", "gather", types=((0,), _F32_I32)),
+    CircleOp("GATHER", "gather", types=((0,), _F32_I32), forms=(GGML_GATHER_IDS,)),
     *(CircleOp(n, "reduce", limits.reduce_rank, reads_axes=True, fold="reduce",
                types=((0,), _F32_I32) if n == "REDUCE_MAX" else None) for n in ("MEAN", "SUM", "REDUCE_MAX")),
     CircleOp("STRIDED_SLICE", "strided_slice", limits.strided_slice_rank, types=((0,), _F32_INTS),

@@ -15,7 +15,7 @@ import torch
 
 import circle_fx
 from circle_fx.circle.ggml_support import ggml_unsupported_reason
-from circle_fx.circle.schema import BO, TT, op_name
+from circle_fx.circle.schema import BO, TT, op_name, type_name
 from circle_fx.emit import emitter
 from circle_fx.emit.legalize import STEPS
 from circle_fx.emit.writer import serialize
@@ -329,6 +329,32 @@ def test_index_clamps(lowered):
     assert not circle_fx.verify(bytes(cm.to_bytes())).unclamped_indices
     unclamped_file = circle_fx.export(emb, (ids,), clamp_indices=False)  # declares index_range instead
     assert not circle_fx.verify(bytes(unclamped_file.to_bytes())).unclamped_indices
+
+
+def test_ggml_gather_ids(lowered):
+    """onert's GATHER from a GGML_Q4_0 table takes 1-D int32 ids only (int64 fails, [B, T] fills
+    only the first row): the embedding lowering emits the plain GATHER of ``[2, 3]`` int64 ids,
+    verify reports it without the ``ggml_gather_ids`` step, which CASTs and flattens them. The
+    q4_0 GATHER runs on x86 too (only the GGML FC kernels need AVX-512)."""
+    from circle_fx.api import lower
+    from circle_fx.quant.config import QuantConfig
+
+    emb = torch.nn.Embedding(64, 32).eval()
+    ids = torch.tensor([[1, 5, 63], [7, 0, 2]])
+    cm = lower(circle_fx.capture(emb, (ids,)), quantize=QuantConfig(weights="q4_0", embedding="q4_0"))
+    (op, ins), = _plain(lowered, BO.GATHER)
+    assert type_name(ins[0].type) == "GGML_Q4_0" and ins[1].type == TT.INT64 and list(ins[1].shape) == [2, 3]
+    problems = _verify_without(lowered, "ggml_gather_ids")
+    assert any("ggml_gather_ids: INT64 indices of shape [2, 3]" in p for p in problems), problems
+    from circle_fx.circle.reader import read_circle
+    model = read_circle(bytes(cm.to_bytes()))
+    gather, = [o for o in model.operators if o.name == "GATHER"]
+    assert model.tensors[gather.inputs[1]].type == TT.INT32 and len(model.tensors[gather.inputs[1]].shape) == 1
+    with torch.no_grad():
+        ref = emb(ids).numpy()
+    got = cm.run(ids)[0]
+    assert got.shape == ref.shape and np.abs(got - ref).max() / np.abs(ref).max() < 0.15  # q4_0 rows
+    assert np.abs(got[1]).max() > 0  # the second row of ids is filled too
 
 
 def test_output_copies(lowered):

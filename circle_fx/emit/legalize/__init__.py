@@ -3,7 +3,7 @@
 Lowerings emit plain Circle for their node; what onert cannot run as emitted (an element type
 without a kernel, a rank its kernel refuses or miscomputes, a form it refuses: a constant
 matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions, an N-D input to a GGML-weight
-FULLY_CONNECTED; a graph output that later
+FULLY_CONNECTED, int64 or N-D ids into a GGML table; a graph output that later
 operators read) is fixed here, on the operator list, by named steps run in the declared order
 of :data:`STEPS`. Every limit is read from the Circle op table (``circle/op_table.py``: its
 ``types``, ``rank`` and ``forms``, the checks in ``circle/limits.py``), the same table
@@ -59,6 +59,7 @@ STEPS: tuple[Step, ...] = (
     _form(op_table.DYNAMIC_RMS_NORM, forms.dynamic_rms_norm),
     _form(op_table.ROPE_POSITIONS, forms.rope_positions),
     _form(op_table.GGML_ROWS, forms.ggml_rows),
+    _form(op_table.GGML_GATHER_IDS, forms.ggml_gather_ids),
     # its CASTs are elementwise operators, which the rank step then folds
     Step("types", lambda mb, _: types.legalize(mb), frozenset({TYPES})),
     # correctness, not speed: always, before the peephole merges the RESHAPEs it adds
