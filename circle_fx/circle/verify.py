@@ -9,8 +9,12 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
   operator; no tensor is produced twice; every graph output is produced, and read by no
   operator (onert reuses its memory: ``limits.output_read_problem``);
 - onert's limits, from the Circle op table (``circle/op_table.py``): element types, ranks and
-  forms (a constant matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions), each
-  form named by the legalization step that fixes it;
+  forms (a constant matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions, a GGML
+  weight's input rank, a GGML table's indices), each form named by the legalization step that
+  fixes it;
+- index inputs (a warning, not an error): a GATHER reading a graph input's values unclamped,
+  with no ``index_range`` for that input in ``circle_fx.limits`` (``limits.unclamped_index_problem``,
+  the ``index_clamps`` step);
 - constants: buffer size == prod(shape) * itemsize (4-bit ``INT4`` / ``UINT4``: two elements per
   byte, ``circle/int4.py``; such a tensor must be a quantized constant: a weight);
 - options: every op that has an options table carries one of the right type (onert
