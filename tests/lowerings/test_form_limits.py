@@ -195,6 +195,19 @@ def test_int64_transpose_of_size1_dims(lowered):
     assert "TRANSPOSE" not in cm.op_histogram()
 
 
+def test_integer_pad_of_a_prefix_sum(lowered):
+    """``cumsum`` of integers is a prefix sum whose shifts pad with zeros: the lowering emits a
+    plain int32 PAD (onert: "Pad: unsupported data type"), verify reports it without the
+    ``types`` step, which makes it a CONCATENATION with a zeros block."""
+    ids = torch.arange(16, dtype=torch.int32).reshape(2, 8) % 5 - 2
+    cm = assert_onert_matches_eager(Fn(lambda i: i.cumsum(1, dtype=torch.int32)), (ids,), rtol=0, atol=0)
+    plain = _plain(lowered, BO.PAD)
+    assert plain and all(ins[0].type == TT.INT32 for _, ins in plain)
+    problems = _verify_without(lowered, "types")
+    assert any("input type INT32: onert 0.1.0's PAD runs" in p for p in problems), problems
+    assert "PAD" not in cm.op_histogram() and "CONCATENATION" in cm.op_histogram()
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_tile_float_only(lowered, dtype):
     """A dynamic ``expand`` lowers to TILE (BROADCAST_TO needs the whole output shape); onert's
