@@ -185,6 +185,15 @@ def ggml_rows(name, ins, outs):
     return None
 
 
+def ggml_bias(name, ins, outs):
+    """A GGML-weight FULLY_CONNECTED with a bias input: onert's ggml kernel throws (measured). Its
+    fused activation, which the kernel ignores, is not an operand: ``verify`` reports it by the
+    options (``check_block_uses``), and the ``ggml_bias`` step moves both into an ADD."""
+    if len(ins) > 2 and ins[1].type.startswith("GGML_") and ins[2].type:
+        return f"a bias with a {ins[1].type} weight; onert 0.1.0's ggml kernel throws on one (add it with ADD)"
+    return None
+
+
 def ggml_gather_ids(name, ins, outs):
     """A GATHER from a GGML block table with indices that are not 1-D int32: onert 0.1.0's GGML
     GATHER takes int32 indices only, and with ids ``[B, T]``, B > 1, fills only the first B-row

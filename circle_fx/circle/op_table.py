@@ -39,6 +39,7 @@ DYNAMIC_RMS_NORM = ("dynamic_rms_norm", limits.dynamic_input)
 ROPE_POSITIONS = ("rope_positions", limits.several_positions)
 GGML_ROWS = ("ggml_rows", limits.ggml_rows)
 GGML_GATHER_IDS = ("ggml_gather_ids", limits.ggml_gather_ids)
+GGML_BIAS = ("ggml_bias", limits.ggml_bias)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ _ROWS = [
                types=_UNARY_TYPES.get(n), fold=None if n in _NOT_FOLDED else "elementwise") for n in UNARY_ELEMENTWISE),
     CircleOp("RMS_NORM", "rms_norm", limits.rms_norm_rank, forms=(DYNAMIC_RMS_NORM,), fold="rms_norm"),
     CircleOp("ROPE", "rope", forms=(ROPE_POSITIONS,)),
-    CircleOp("FULLY_CONNECTED", "fully_connected", forms=(GGML_ROWS,)),
+    CircleOp("FULLY_CONNECTED", "fully_connected", forms=(GGML_ROWS, GGML_BIAS)),
     CircleOp("BATCH_MATMUL", "batch_matmul", limits.batch_matmul_rank, forms=(CONSTANT_LHS,), fold="batch_matmul"),
     CircleOp("RESHAPE", "reshape"),
     CircleOp("TRANSPOSE", "transpose", types=((0,), _F32_I32)),

@@ -344,6 +344,36 @@ def test_index_clamps(lowered):
     assert not circle_fx.verify(bytes(unclamped_file.to_bytes())).unclamped_indices
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_ggml_bias(lowered, bias):
+    """onert's ggml FULLY_CONNECTED throws on a bias and ignores a fused activation: the lowering
+    emits the FC with both, verify reports the bias without the ``ggml_bias`` step, which moves
+    them into an ADD (of zeros without a bias) after a bare FC."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 32, bias=bias)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x))
+
+    model, x = Net().eval(), randn(3, 64)
+    cm = circle_fx.export(model, (x,), quantize="q4_0")
+    (op, ins), = _plain(lowered, BO.FULLY_CONNECTED)
+    assert (ins[2] is not None) == bias and op.options.fusedActivationFunction == 1  # plain: bias, RELU on the FC
+    if bias:
+        problems = _verify_without(lowered, "ggml_bias")
+        assert any("ggml_bias: a bias with a GGML_Q4_0 weight" in p for p in problems), problems
+    ops = _ops(cm)
+    fc = next(o for o in ops if o.name == "FULLY_CONNECTED")
+    assert len(fc.inputs) < 3 or fc.inputs[2] == -1
+    assert [o.name for o in ops][-1] == "ADD"
+    if not ggml_unsupported_reason():
+        with torch.no_grad():
+            ref = model(x).numpy()
+        assert np.abs(cm.run(x)[0] - ref).max() / np.abs(ref).max() < 0.1  # q4_0 weights
+
+
 def test_ggml_gather_ids(lowered):
     """onert's GATHER from a GGML_Q4_0 table takes 1-D int32 ids only (int64 fails, [B, T] fills
     only the first row): the embedding lowering emits the plain GATHER of ``[2, 3]`` int64 ids,

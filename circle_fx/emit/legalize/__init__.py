@@ -59,6 +59,7 @@ STEPS: tuple[Step, ...] = (
     _form(op_table.DYNAMIC_RMS_NORM, forms.dynamic_rms_norm),
     _form(op_table.ROPE_POSITIONS, forms.rope_positions),
     _form(op_table.GGML_ROWS, forms.ggml_rows),
+    _form(op_table.GGML_BIAS, forms.ggml_bias),
     _form(op_table.GGML_GATHER_IDS, forms.ggml_gather_ids),
     # its CASTs are elementwise operators, which the rank step then folds
     Step("types", lambda mb, _: types.legalize(mb), frozenset({TYPES})),

@@ -18,6 +18,9 @@ reports a file with): the lowerings emit plain Circle, whatever onert makes of i
   (measured), so an N-D input is RESHAPEd to ``[rows, in]`` first (the FC writes ``[rows, out]``
   either way); the peephole drops that RESHAPE where the limit allows (it asks the same limit:
   ``limits.fully_connected_input_problem``).
+- ``ggml_bias``: onert's ggml FULLY_CONNECTED kernel throws on a bias and ignores a fused
+  activation (measured: benchmarks/onert_fc_activation.py): both move into an ADD after the FC
+  (of zeros when there is no bias), exact.
 - ``ggml_gather_ids``: onert's GATHER from a GGML block table takes 1-D int32 indices only (int64
   fails; ids ``[B, T]`` with B > 1 fill only the first row): the ids are CAST to int32 and
   flattened, the GATHER writes ``[ids, D]`` rows, a RESHAPE gives them the ids' shape.
@@ -26,6 +29,8 @@ reports a file with): the lowerings emit plain Circle, whatever onert makes of i
   (``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``, GPT-NeoX, what ROPE's mode computes).
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -45,6 +50,10 @@ def dynamic_rms_norm(mb: ModelBuilder) -> int:
 
 def ggml_rows(mb: ModelBuilder) -> int:
     return mb.rewrite_operators(lambda op: _rows(mb, op) if op.code == BO.FULLY_CONNECTED else None)
+
+
+def ggml_bias(mb: ModelBuilder) -> int:
+    return mb.rewrite_operators(lambda op: _bias_as_add(mb, op) if op.code == BO.FULLY_CONNECTED else None)
 
 
 def ggml_gather_ids(mb: ModelBuilder) -> int:
@@ -189,3 +198,21 @@ def _ggml_ids(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     rows = mb.like(out, [n, mb.dims(out)[-1]], None, f"{mb.tensors[out].name}/rows")
     return ops + view + [OperatorInfo(op.code, [table, flat, *op.inputs[2:]], [rows], op.options, op.source),
                          mb.reshape_into(rows, out, op.source)]
+
+
+# ------------------------------------------------------------------------ ggml bias
+def _bias_as_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    x, w = op.inputs[:2]
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    act = getattr(op.options, "fusedActivationFunction", 0) or 0
+    if not type_name(mb.tensors[w].type).startswith("GGML_") or (bias < 0 and not act):
+        return None
+    out = op.outputs[0]
+    if bias < 0:  # the kernel ignores a fused activation: an ADD of 0 takes it
+        bias = mb.add_constant(f"{mb.tensors[out].name}/zero_bias",
+                               np.zeros(mb.dims(w)[0], CIRCLE_TO_NUMPY[mb.tensors[out].type]))
+    fc_opts = copy.copy(op.options)
+    fc_opts.fusedActivationFunction = 0
+    mid = mb.like(out, mb.dims(out), list(mb.tensors[out].shape), f"{mb.tensors[out].name}/unbiased")
+    return [OperatorInfo(op.code, [x, w, -1], [mid], fc_opts, op.source),
+            OperatorInfo(BO.ADD, [mid, bias], [out], options("AddOptions", fusedActivationFunction=act), op.source)]

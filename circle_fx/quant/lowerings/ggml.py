@@ -1,11 +1,12 @@
 """GGML block-quantized layers (``circle.linear_ggml``, ``circle.embedding_ggml``) in the forms
 onert 0.1.0 runs (measured: ``docs/onert-findings.md``, "GGML blocks").
 
-- ``linear_ggml`` -> ``FULLY_CONNECTED`` (float32 ``[rows, in]`` input, ``GGML_Q8_0`` /
-  ``GGML_Q4_0`` weight ``[out, in]``, no bias: the ggml kernel throws on one) -> ``ADD`` bias ->
-  ``RESHAPE`` back to the leading dims. A fused activation goes on the ADD (exact), an ADD of
-  zeros when there is no bias: the ggml kernel ignores FULLY_CONNECTED's fused activation
-  (measured: ``benchmarks/onert_fc_activation.py``; ``verify`` refuses it). The kernel quantizes the activations per block of 32
+- ``linear_ggml`` -> ``FULLY_CONNECTED`` (float32 input, ``GGML_Q8_0`` / ``GGML_Q4_0`` weight
+  ``[out, in]``, its bias and fused activation) -> ``RESHAPE`` back to the leading dims. The
+  ggml kernel throws on a bias and ignores a fused activation (measured:
+  ``benchmarks/onert_fc_activation.py``), so the ``ggml_bias`` legalization step
+  (``emit/legalize/forms.py``) moves both into an ``ADD`` after it (of zeros when there is no
+  bias; exact); ``verify`` reports either on a GGML FC. The kernel quantizes the activations per block of 32
   (ggml's Q8 dot product), ~0.4 % of |y| for Q8_0 weights, far below the hybrid int8 path's
   per-row activation quantization.
 - ``embedding_ggml`` -> ``GATHER`` from a ``GGML_Q4_0`` table: onert returns the dequantized
@@ -20,8 +21,6 @@ path, which the quantize pass uses instead, handles it).
 """
 from __future__ import annotations
 
-
-import numpy as np
 import torch
 
 from ...circle import ggml
@@ -55,12 +54,9 @@ def lower_linear_ggml(ctx, node):
     wt = _weight(ctx, blocks, kind, f"the {kind} weight")
     for v in (x, node):  # static shapes only (module docstring): raises on a dynamic dim
         ctx.dims(v, static=True)
-    xt = rows_input(ctx, x)
-    after = [] if bias is None else [(BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased")]
-    if activation != "none" and bias is None:  # the ggml FC ignores a fused activation: an ADD of 0 takes it
-        zeros = ctx.const(np.zeros(ctx.dims(node, static=True)[-1], np.float32), "zero_bias")
-        after = [(BO.ADD, zeros, options("AddOptions"), "activated")]
-    fully_connected(ctx, node, xt, wt, after=after, name=f"fc_{kind}", dtype=torch.float32, activation=activation)
+    # the plain FC, bias and activation on it: the ggml_bias legalization step moves them into an ADD
+    fully_connected(ctx, node, rows_input(ctx, x), wt, -1 if bias is None else ctx.tensor(bias), name=f"fc_{kind}",
+                    dtype=torch.float32, activation=activation)
 
 
 @lowering(embedding_ggml)
