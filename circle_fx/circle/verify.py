@@ -492,8 +492,9 @@ def _unclamped_indices(cf, c: "_Checker") -> list[str]:
             axis = c.options(op, "GatherOptions").Axis()
         except _Skip:
             axis = 0
-        if table and -len(table) <= axis < len(table) and table[axis % len(table)] >= 1:
-            out.append(f"operator {op.index} GATHER: {limits.unclamped_index_problem(names[src], table[axis % len(table)])}")
+        rows = table[axis % len(table)] if table and -len(table) <= axis < len(table) else -1
+        if rows >= 1:
+            out.append(f"operator {op.index} GATHER: {limits.unclamped_index_problem(names[src], rows)}")
     return out
 
 

@@ -58,7 +58,8 @@ def index(ctx, node):
     # fit as int32 (DeepSeek-V4's token -> expert hash table), as for every op. What it cannot
     # know is that a run-time int64 table holds positions or counts (bounded by a dim's size, so
     # int32 is exact): the index_facts analysis does, so that narrowing is here.
-    narrow = ctx.dtype(x) == torch.int64 and facts.table_counts_positions and (src is not None or ctx.constant(x) is None)
+    narrow = ctx.dtype(x) == torch.int64 and facts.table_counts_positions \
+        and (src is not None or ctx.constant(x) is None)
     src = ctx.tensor(x) if src is None else src
     work = torch.int32 if narrow else ctx.dtype(node)
     if narrow:
