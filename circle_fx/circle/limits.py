@@ -45,6 +45,12 @@ RMS_NORM = (3, 4)
 ELEMENTWISE = 6
 #: SELECT_V2 with a broadcasting operand (scalar, lower rank, size-1 dim): wrong values at rank 5-6
 SELECT_V2_BROADCAST = 4
+#: LOGICAL_OR / LOGICAL_AND with a broadcasting operand (size-1 dims, a lower rank): wrong booleans,
+#: no error, at rank 5-6 (up to 240 of 288 elements; exact at rank <= 4 and with operands of the
+#: output's shape: docs/probes/logical_broadcast.py)
+LOGICAL_BROADCAST = 4
+#: the elementwise ops whose broadcasting is wrong above a lower rank than :data:`ELEMENTWISE`
+BROADCAST_RANK = {"SELECT_V2": SELECT_V2_BROADCAST, "LOGICAL_OR": LOGICAL_BROADCAST, "LOGICAL_AND": LOGICAL_BROADCAST}
 #: LESS / GREATER / EQUAL / NOT_EQUAL ...: wrong booleans, no error, at rank 5 (shapes equal or not)
 COMPARISON = 4
 #: DEPTHWISE_CONV_2D output depth (input channels x multiplier): one channel more and onert
@@ -58,8 +64,8 @@ COMPARISONS = frozenset({"LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUA
 def elementwise_max_rank(name: str, input_dims: list[list], output_dims: list) -> int:
     """The largest output rank at which elementwise op ``name`` (e.g. ``"SELECT_V2"``) is
     computed correctly with operands of these dims."""
-    if name == "SELECT_V2" and any(list(d) != list(output_dims) for d in input_dims):
-        return SELECT_V2_BROADCAST
+    if name in BROADCAST_RANK and any(list(d) != list(output_dims) for d in input_dims):
+        return BROADCAST_RANK[name]
     if name in COMPARISONS:
         return COMPARISON
     return ELEMENTWISE
@@ -154,11 +160,19 @@ def dynamic_input(name, ins, outs):
     return None
 
 
+def holds_several_positions(table_dims) -> bool:
+    """A ROPE sin / cos table of these dims holds more than one position (a dim but the last is
+    not 1; -1, dynamic, counts as several). The one test of the limit: the RoPE fusion's
+    check (FX shapes), :func:`several_positions` (verify, legalization) and the
+    ``rope_positions`` step ask it."""
+    return len(table_dims) > 0 and any(d != 1 for d in table_dims[:-1])
+
+
 def several_positions(name, ins, outs):
     """ROPE tables (inputs 1, 2) holding more than one position: onert 0.1.0 applies the first
     row to every position, silently (docs/onert-findings.md, matrix: ROPE)."""
     for what, t in zip(("sin", "cos"), ins[1:3]):
-        if len(t.dims) and any(d != 1 for d in t.dims[:-1]):
+        if holds_several_positions(t.dims):
             return f"{what} table {t.dims} holds several positions; onert 0.1.0's ROPE would use the first for all"
     return None
 
@@ -169,6 +183,53 @@ def ggml_rows(name, ins, outs):
     if len(ins) > 1 and ins[1].type.startswith("GGML_"):
         return fully_connected_input_problem(ins[0].dims, True)
     return None
+
+
+def ggml_bias(name, ins, outs):
+    """A GGML-weight FULLY_CONNECTED with a bias input: onert's ggml kernel throws (measured). Its
+    fused activation, which the kernel ignores, is not an operand: ``verify`` reports it by the
+    options (``check_block_uses``), and the ``ggml_bias`` step moves both into an ADD."""
+    if len(ins) > 2 and ins[1].type.startswith("GGML_") and ins[2].type:
+        return f"a bias with a {ins[1].type} weight; onert 0.1.0's ggml kernel throws on one (add it with ADD)"
+    return None
+
+
+def ggml_gather_ids(name, ins, outs):
+    """A GATHER from a GGML block table with indices that are not 1-D int32: onert 0.1.0's GGML
+    GATHER takes int32 indices only, and with ids ``[B, T]``, B > 1, fills only the first B-row
+    and leaves the rest zero (measured; quant/lowerings/ggml.py)."""
+    if len(ins) > 1 and ins[0].type.startswith("GGML_") and (ins[1].type != "INT32" or len(ins[1].dims) != 1):
+        return (f"{ins[1].type} indices of shape {list(ins[1].dims)}; onert 0.1.0's GATHER from a {ins[0].type} "
+                "table takes 1-D int32 indices only (int64 fails, [B, T] fills only the first row)")
+    return None
+
+
+# ------------------------------------------------------------------ index inputs
+#: the legalization step (``emit/index_limits.py``) that clamps GATHER indices read from graph inputs
+INDEX_CLAMPS = "index_clamps"
+#: operators whose output holds the same values as their first input (an index passes unchanged)
+KEEPS_INDEX_VALUES = frozenset({"RESHAPE", "CAST"})
+#: the index types onert's GATHER takes from a model input
+INDEX_TYPES = frozenset({"INT32", "INT64"})
+
+
+def index_source(t: int, producers: dict, graph_inputs) -> int | None:
+    """The graph input whose values tensor ``t`` holds unchanged (directly, or through
+    :data:`KEEPS_INDEX_VALUES` operators; ``producers``: tensor -> ``(op name, inputs)``), or None."""
+    while t not in graph_inputs:
+        made = producers.get(t)
+        if made is None or made[0] not in KEEPS_INDEX_VALUES:
+            return None
+        t = made[1][0]
+    return t
+
+
+def unclamped_index_problem(input_name: str, rows: int) -> str:
+    """A GATHER reading a graph input's values as indices, unclamped: onert 0.1.0 does not check
+    GATHER indices, and an id past the table reads outside it and returns whatever is there, no
+    error (docs/onert-findings.md; torch raises IndexError)."""
+    return (f"{INDEX_CLAMPS}: indices from graph input {input_name!r} reach the GATHER of a {rows}-row table "
+            "unclamped; onert 0.1.0 reads outside the table for an id out of range, without an error")
 
 
 # ------------------------------------------------------------------ graph outputs

@@ -14,7 +14,7 @@ A row (:class:`CircleOp`) names
   at load / prepare (docs/onert-findings.md, "Element types"; ``test_table_matches_onert``
   re-measures them);
 - ``forms``: its other onert limits, ``(limit name, check)`` (a constant lhs, a dynamic input,
-  a table holding several positions, a GGML weight's input rank), each fixed by the legalization step of that name
+  a table holding several positions, a GGML weight's input rank, a GGML table's indices), each fixed by the legalization step of that name
   (``emit/legalize/forms.py``);
 - ``options``: its options table (``schema.options_class_name``: onert segfaults without it);
 - ``fold``: how the ``ranks`` legalization step brings it within its rank limit (a fold of
@@ -38,6 +38,8 @@ CONSTANT_LHS = ("constant_lhs", limits.constant_lhs)
 DYNAMIC_RMS_NORM = ("dynamic_rms_norm", limits.dynamic_input)
 ROPE_POSITIONS = ("rope_positions", limits.several_positions)
 GGML_ROWS = ("ggml_rows", limits.ggml_rows)
+GGML_GATHER_IDS = ("ggml_gather_ids", limits.ggml_gather_ids)
+GGML_BIAS = ("ggml_bias", limits.ggml_bias)
 
 
 @dataclass(frozen=True)
@@ -91,12 +93,12 @@ _ROWS = [
                types=_UNARY_TYPES.get(n), fold=None if n in _NOT_FOLDED else "elementwise") for n in UNARY_ELEMENTWISE),
     CircleOp("RMS_NORM", "rms_norm", limits.rms_norm_rank, forms=(DYNAMIC_RMS_NORM,), fold="rms_norm"),
     CircleOp("ROPE", "rope", forms=(ROPE_POSITIONS,)),
-    CircleOp("FULLY_CONNECTED", "fully_connected", forms=(GGML_ROWS,)),
+    CircleOp("FULLY_CONNECTED", "fully_connected", forms=(GGML_ROWS, GGML_BIAS)),
     CircleOp("BATCH_MATMUL", "batch_matmul", limits.batch_matmul_rank, forms=(CONSTANT_LHS,), fold="batch_matmul"),
     CircleOp("RESHAPE", "reshape"),
     CircleOp("TRANSPOSE", "transpose", types=((0,), _F32_I32)),
     CircleOp("CONCATENATION", "concatenation", types=(None, frozenset({"FLOAT32", "INT32", "INT64", "INT8"}))),
-    CircleOp("GATHER", "gather", types=((0,), _F32_I32)),
+    CircleOp("GATHER", "gather", types=((0,), _F32_I32), forms=(GGML_GATHER_IDS,)),
     *(CircleOp(n, "reduce", limits.reduce_rank, reads_axes=True, fold="reduce",
                types=((0,), _F32_I32) if n == "REDUCE_MAX" else None) for n in ("MEAN", "SUM", "REDUCE_MAX")),
     CircleOp("STRIDED_SLICE", "strided_slice", limits.strided_slice_rank, types=((0,), _F32_INTS),

@@ -9,8 +9,12 @@ reads the file back (``circle_fx.circle.reader``) and checks, in one pass each:
   operator; no tensor is produced twice; every graph output is produced, and read by no
   operator (onert reuses its memory: ``limits.output_read_problem``);
 - onert's limits, from the Circle op table (``circle/op_table.py``): element types, ranks and
-  forms (a constant matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions), each
-  form named by the legalization step that fixes it;
+  forms (a constant matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions, a GGML
+  weight's input rank, a GGML table's indices), each form named by the legalization step that
+  fixes it;
+- index inputs (a warning, not an error): a GATHER reading a graph input's values unclamped,
+  with no ``index_range`` for that input in ``circle_fx.limits`` (``limits.unclamped_index_problem``,
+  the ``index_clamps`` step);
 - constants: buffer size == prod(shape) * itemsize (4-bit ``INT4`` / ``UINT4``: two elements per
   byte, ``circle/int4.py``; such a tensor must be a quantized constant: a weight);
 - options: every op that has an options table carries one of the right type (onert
@@ -71,6 +75,9 @@ class VerifyReport:
     duplicate_bytes: int = 0
     #: operators onert 0.1.0 runs wrongly on one of its architectures only (``limits.arch_problems``)
     arch_limits: list = field(default_factory=list)
+    #: GATHERs that read a graph input's values as indices, unclamped, with no ``index_range`` for that
+    #: input in the file's ``circle_fx.limits`` (``limits.unclamped_index_problem``: a warning)
+    unclamped_indices: list = field(default_factory=list)
 
     def __str__(self) -> str:
         return (f"Circle file OK: {self.operators} operators ({self.shape_checked} shape-checked), "
@@ -120,8 +127,13 @@ def verify(src) -> VerifyReport:
         import warnings
 
         warnings.warn(f"{src if isinstance(src, str) else 'Circle model'}: " + "; ".join(arch), stacklevel=2)
+    unclamped = _unclamped_indices(cf, checker)
+    if unclamped:
+        import warnings
+
+        warnings.warn(f"{src if isinstance(src, str) else 'Circle model'}: " + "; ".join(unclamped), stacklevel=2)
     t = cf.tensors
-    return VerifyReport(arch_limits=arch,
+    return VerifyReport(arch_limits=arch, unclamped_indices=unclamped,
         duplicate_buffers=len(dups), duplicate_bytes=duplicate_bytes([b.data for b in cf.buffers], dups),
         operators=len(cf.operators), tensors=len(t), buffers=len(cf.buffers),
         constants=sum(1 for x in t if checker.is_const(x.index)),
@@ -356,9 +368,7 @@ class _Checker:
                 continue
             t = self.cf.tensors[i]
             if op.builtin_code == BO.FULLY_CONNECTED and pos == 1:  # its input's rank: the ggml_rows form limit
-                if len(op.inputs) > 2 and op.inputs[2] != -1:
-                    self.bad(f"{where}: a {t.type_name} weight with a bias input (onert's ggml kernel throws; "
-                             "add the bias with ADD)")
+                # a bias input: the ggml_bias form limit (the op table), reported with the shapes
                 if self._fused_activation(op):
                     self.bad(f"{where}: a {t.type_name} weight with a fused activation (onert's ggml kernel "
                              "ignores it, measured: benchmarks/onert_fc_activation.py; fuse it into an ADD after)")
@@ -458,6 +468,34 @@ def _expect(got: Dims, want: Dims) -> str | None:
     if not _same_shape(got, want):
         return f"output shape {_fmt(got)} should be {_fmt(want)}"
     return None
+
+
+def _unclamped_indices(cf, c: "_Checker") -> list[str]:
+    """One message per GATHER whose integer indices are a graph input's values (through RESHAPE /
+    CAST: ``limits.index_source``) along a static table axis, when the file does not declare that
+    input's valid ``index_range`` (``circle_fx.limits``: a host that checks ids before running
+    needs no clamp; circle_fx's ``index_clamps`` legalization step clamps them otherwise)."""
+    producers = {o: (op.name, list(op.inputs)) for op in cf.operators for o in op.outputs}
+    names = {i: cf.tensors[i].name for i in cf.inputs}
+    declared = (cf.limits or {}).get("inputs") or {}
+    out = []
+    for op in cf.operators:
+        if op.builtin_code != BO.GATHER or len(op.inputs) < 2:
+            continue
+        src = limits.index_source(op.inputs[1], producers, names)
+        if src is None or cf.tensors[op.inputs[1]].type_name not in limits.INDEX_TYPES:
+            continue
+        if "index_range" in (declared.get(names[src]) or {}):
+            continue
+        table = c.dims(op.inputs[0])
+        try:
+            axis = c.options(op, "GatherOptions").Axis()
+        except _Skip:
+            axis = 0
+        rows = table[axis % len(table)] if table and -len(table) <= axis < len(table) else -1
+        if rows >= 1:
+            out.append(f"operator {op.index} GATHER: {limits.unclamped_index_problem(names[src], rows)}")
+    return out
 
 
 # ---------------------------------------------------------------- shape rules

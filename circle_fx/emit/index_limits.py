@@ -27,55 +27,58 @@ import json
 
 import numpy as np
 
+from ..circle.limits import INDEX_TYPES, index_source, unclamped_index_problem
 from ..circle.reader import LIMITS_METADATA
-from ..circle.schema import BO, CIRCLE_TO_NUMPY, NUMPY_TO_CIRCLE, make_options, options_class_name
-from .builder import ModelBuilder, OperatorInfo
-#: ops whose output holds the same index values as their first input
-_KEEPS_VALUES = {BO.RESHAPE, BO.CAST}
-_INTEGER = {np.dtype(np.int32), np.dtype(np.int64)}
+from ..circle.schema import CIRCLE_TO_NUMPY, NUMPY_TO_CIRCLE, make_options, options_class_name, type_name
+from .builder import BO, ModelBuilder, OperatorInfo, op_name
 
 
-def _source_input(t: int, producers: dict, inputs: dict) -> int | None:
-    while t not in inputs:
-        op = producers.get(t)
-        if op is None or op.code not in _KEEPS_VALUES:
-            return None
-        t = op.inputs[0]
-    return t
+def _index_gathers(mb: ModelBuilder):
+    """``(operator, graph input tensor, table rows)`` of each GATHER whose integer indices are a
+    graph input's values (through RESHAPE / CAST: ``limits.index_source``) along a static axis."""
+    producers = {o: (op_name(op.code), op.inputs) for op in mb.operators for o in op.outputs}
+    inputs = set(mb.inputs)
+    for op in mb.operators:
+        if op.code != BO.GATHER:
+            continue
+        idx = op.inputs[1]
+        src = index_source(idx, producers, inputs)
+        table = mb.dims(op.inputs[0])
+        if src is None or type_name(mb.tensors[idx].type) not in INDEX_TYPES or not table:
+            continue
+        axis = (getattr(op.options, "axis", 0) or 0) % len(table)
+        if table[axis] >= 1:  # a dynamic table size: no static range
+            yield op, src, table[axis]
 
 
 def guard_indices(mb: ModelBuilder, clamp: bool = True) -> None:
-    producers = {o: op for op in mb.operators for o in op.outputs}
-    inputs = dict(zip(mb.inputs, mb.input_names))
+    """Record each index input's valid range (``mb.index_ranges``) and, with ``clamp``, clamp
+    its indices in front of every GATHER that reads them (one clamp per index tensor and size)."""
+    names = dict(zip(mb.inputs, mb.input_names))
+    guarded = {id(op): (src, rows) for op, src, rows in _index_gathers(mb)}
     ops, clamped = [], {}
     for op in mb.operators:
-        if op.code == BO.GATHER:
-            _guard(mb, op, producers, inputs, ops, clamped, clamp)
+        if id(op) in guarded:
+            src, rows = guarded[id(op)]
+            name = names[src]
+            lo, hi = mb.index_ranges.get(name, (0, rows - 1))
+            mb.index_ranges[name] = (max(lo, 0), min(hi, rows - 1))
+            if clamp:
+                idx = op.inputs[1]
+                if (idx, rows) not in clamped:
+                    dtype = CIRCLE_TO_NUMPY[mb.tensors[idx].type]
+                    clamped[(idx, rows)] = _clamp(mb, idx, rows, dtype, ops, op.source)
+                op.inputs[1] = clamped[(idx, rows)]
         ops.append(op)
     mb.operators = ops
 
 
-def _guard(mb, op, producers, inputs, ops, clamped, clamp) -> None:
-    idx = op.inputs[1]
-    src = _source_input(idx, producers, inputs)
-    if src is None:
-        return
-    dtype = CIRCLE_TO_NUMPY.get(mb.tensors[idx].type)
-    table = mb.dims(op.inputs[0])
-    axis = getattr(op.options, "axis", 0) or 0
-    axis %= max(1, len(table))
-    if dtype not in _INTEGER or not table or table[axis] < 1:
-        return  # a dynamic table size: no static range
-    rows = table[axis]
-    name = inputs[src]
-    lo, hi = mb.index_ranges.get(name, (0, rows - 1))
-    mb.index_ranges[name] = (max(lo, 0), min(hi, rows - 1))
-    if not clamp:
-        return
-    key = (idx, rows)
-    if key not in clamped:
-        clamped[key] = _clamp(mb, idx, rows, dtype, ops, op.source)
-    op.inputs[1] = clamped[key]
+def problems(mb: ModelBuilder) -> list[str]:
+    """The GATHERs that still read a graph input's values unclamped (what the ``index_clamps``
+    step ensures when it runs)."""
+    names = dict(zip(mb.inputs, mb.input_names))
+    return [f"operator {mb.operators.index(op)} GATHER{op.where}: {unclamped_index_problem(names[src], rows)}"
+            for op, src, rows in _index_gathers(mb)]
 
 
 def _clamp(mb: ModelBuilder, idx: int, rows: int, dtype, ops: list, source: str) -> int:

@@ -13,10 +13,9 @@ decode model, or any export with one token).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ..circle.limits import holds_several_positions
 from ..circle.schema import BO, make_options
 from ..fx_utils import dtype_of, make_node, shape_of
 from ..dialect import define
@@ -79,7 +78,7 @@ def _check_one_position(m):
         s = shape_of(m[name])
         if s is None or any(not isinstance(k, int) for k in s) or len(s) > 4:
             return f"{name} has a dynamic shape or rank > 4"
-        if not s or s[-1] != d or math.prod(s[:-1]) != 1 or dtype_of(m[name]) != torch.float32:
+        if not s or s[-1] != d or holds_several_positions(s) or dtype_of(m[name]) != torch.float32:
             return (f"{name} has shape {list(s)}: onert's ROPE is exact only for tables of one position "
                     f"([..., {d}] with every other dim 1; it applies row 0 to every position)")
     return None
@@ -111,9 +110,10 @@ def lower_rope(ctx, node):
     tables = []
     for name, t in (("sin", sin), ("cos", cos)):
         dims = ctx.dims(t, static=True)
-        if dims[-1] != d or len(dims) > 4 and any(k != 1 for k in dims[:-1]):
+        several = holds_several_positions(dims)
+        if dims[-1] != d or len(dims) > 4 and several:
             raise ctx.error(f"{name} table {dims}: ROPE takes a table [..., {d}] of rank <= 4")
-        want = [1, 1, 1, d] if all(k == 1 for k in dims[:-1]) else [1] * (4 - len(dims)) + dims
+        want = [1] * (4 - len(dims)) + dims if several else [1, 1, 1, d]
         idx = ctx.operand(t, dt)
         if dims != want:
             r = ctx.new_tensor(want, dt, f"{name}4d")

@@ -15,7 +15,7 @@ import torch
 
 import circle_fx
 from circle_fx.circle.ggml_support import ggml_unsupported_reason
-from circle_fx.circle.schema import BO, TT, op_name
+from circle_fx.circle.schema import BO, TT, op_name, type_name
 from circle_fx.emit import emitter
 from circle_fx.emit.legalize import STEPS
 from circle_fx.emit.writer import serialize
@@ -127,6 +127,21 @@ def test_rope_of_one_position_stays_rope(lowered):
     assert "ROPE" in {op.name for op in _ops(cm)}
 
 
+@pytest.mark.parametrize("table", [[8], [1, 8], [1, 1, 1, 8], [3, 8], [1, 1, 3, 8], [2, 1, 1, 8]])
+def test_rope_fusion_and_limit_agree_on_one_position(table):
+    """The RoPE fusion creates ROPE only where the ``rope_positions`` limit holds (one test,
+    ``limits.holds_several_positions``), so no fused ROPE is decomposed again."""
+    from circle_fx.circle import limits
+    from circle_fx.circle.op_table import Operand
+    from circle_fx.fusions.rope import _check_one_position
+
+    x = torch.empty(1, 2, 1, 8)
+    t = torch.empty(*table)
+    fx = _check_one_position({"x": x, "sin": t, "cos": t})  # (fx_utils.val: a value stands for its node)
+    ops = [Operand([1, 2, 1, 8], "FLOAT32", False)] + [Operand(table, "FLOAT32", True)] * 2
+    assert (fx is None) == (limits.several_positions("ROPE", ops, []) is None), (fx, table)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
 def test_select_v2_values_float_only(lowered, dtype):
     ids = torch.arange(8).reshape(2, 4)
@@ -140,6 +155,57 @@ def test_select_v2_values_float_only(lowered, dtype):
     assert any(f"input type {'INT64' if dtype == torch.int64 else 'BOOL'}: onert 0.1.0's SELECT_V2 runs FLOAT32 only"
                in p for p in problems), problems
     assert "SELECT_V2" not in {op.name for op in _ops(cm)}
+
+
+@pytest.mark.parametrize("table", ["bool", "int64_constant"])
+def test_gather_table_types(lowered, table):
+    """onert's GATHER gathers float32 / int32 tables only: the index lowering emits a plain GATHER
+    of a bool table (a mask) or of an int64 constant table (a hash table), and the ``types`` step
+    carries it: CAST through int32, or the constant stored as int32 and the result CAST back."""
+    ids = torch.tensor([[3, 0, 2, 2]])
+    if table == "bool":
+        fn = lambda m, i: m[0][i]  # noqa: E731
+        args = (torch.tensor([[True, False, True, False, True]]), ids)
+    else:
+        hashed = torch.tensor([7, 1, 2**31 - 5, 4, 0])
+        fn = lambda i: hashed[i] * 1  # noqa: E731
+        args = (ids,)
+    cm = assert_onert_matches_eager(Fn(fn), args, rtol=0, atol=0)
+    (op, ins), = _plain(lowered, BO.GATHER)
+    assert ins[0].type == (TT.BOOL if table == "bool" else TT.INT64)  # plain: GATHER of the table's type
+    problems = _verify_without(lowered, "types")
+    want = "BOOL" if table == "bool" else "INT64"
+    assert any(f"input type {want}: onert 0.1.0's GATHER runs" in p for p in problems), problems
+    from circle_fx.circle.reader import read_circle
+    model = read_circle(bytes(cm.to_bytes()))
+    gather, = [o for o in model.operators if o.name == "GATHER"]
+    assert model.tensors[gather.inputs[0]].type == TT.INT32
+
+
+def test_int64_transpose_of_size1_dims(lowered):
+    """XLNet's ``input_ids.transpose(0, 1)`` on batch 1: the lowering emits a plain int64
+    TRANSPOSE (onert: "Transpose: unsupported data type"), verify reports it without the ``types``
+    step, which makes it the RESHAPE it is (only a size-1 dim moves)."""
+    ids = torch.randint(0, 2**40, (1, 8), generator=torch.Generator().manual_seed(2))
+    cm = assert_onert_matches_eager(Fn(lambda i: i.transpose(0, 1) * 3), (ids,), rtol=0, atol=0)
+    (op, ins), = _plain(lowered, BO.TRANSPOSE)
+    assert ins[0].type == TT.INT64
+    problems = _verify_without(lowered, "types")
+    assert any("input type INT64: onert 0.1.0's TRANSPOSE runs" in p for p in problems), problems
+    assert "TRANSPOSE" not in cm.op_histogram()
+
+
+def test_integer_pad_of_a_prefix_sum(lowered):
+    """``cumsum`` of integers is a prefix sum whose shifts pad with zeros: the lowering emits a
+    plain int32 PAD (onert: "Pad: unsupported data type"), verify reports it without the
+    ``types`` step, which makes it a CONCATENATION with a zeros block."""
+    ids = torch.arange(16, dtype=torch.int32).reshape(2, 8) % 5 - 2
+    cm = assert_onert_matches_eager(Fn(lambda i: i.cumsum(1, dtype=torch.int32)), (ids,), rtol=0, atol=0)
+    plain = _plain(lowered, BO.PAD)
+    assert plain and all(ins[0].type == TT.INT32 for _, ins in plain)
+    problems = _verify_without(lowered, "types")
+    assert any("input type INT32: onert 0.1.0's PAD runs" in p for p in problems), problems
+    assert "PAD" not in cm.op_histogram() and "CONCATENATION" in cm.op_histogram()
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
@@ -192,6 +258,45 @@ def test_square_float_only(dtype, tmp_path):
     np.testing.assert_array_equal(got, a * a)
 
 
+@pytest.mark.parametrize("op", ["or", "and"])
+def test_logical_broadcast_rank(lowered, op):
+    """onert 0.1.0's LOGICAL_OR / LOGICAL_AND with a broadcasting operand return wrong booleans,
+    without an error, at rank 5-6 (docs/probes/logical_broadcast.py): the lowering emits the
+    rank-5 operator, verify reports it without the ``ranks`` step, which folds it to rank <= 4."""
+    a = torch.rand(2, 3, 4, 5, 6, generator=torch.Generator().manual_seed(5)) > 0.5
+    b = torch.rand(1, 3, 1, 5, 6, generator=torch.Generator().manual_seed(6)) > 0.5
+    fn = (lambda x, y: x | y) if op == "or" else (lambda x, y: x & y)
+    cm = assert_onert_matches_eager(Fn(fn), (a, b), rtol=0, atol=0)
+    code, name = (BO.LOGICAL_OR, "LOGICAL_OR") if op == "or" else (BO.LOGICAL_AND, "LOGICAL_AND")
+    (plain, ins), = _plain(lowered, code)
+    assert sorted(len(t.shape) for t in ins) == [5, 5]  # plain: the op at the rank torch wrote it
+    problems = _verify_without(lowered, "ranks")
+    assert any(f"{name} with broadcasting operands correctly up to rank 4" in p for p in problems), problems
+    circle_fx.verify(bytes(cm.to_bytes()))
+    from circle_fx.circle.reader import read_circle
+    model = read_circle(bytes(cm.to_bytes()))
+    folded = [o for o in model.operators if o.name == name]
+    assert folded and all(len(model.tensors[o.outputs[0]].shape) <= 4 for o in folded)
+
+
+def test_logical_broadcast_that_cannot_fold_is_refused():
+    """Broadcasts alternating at every position do not merge into 4 dims: an export error naming
+    the operator, not a file that computes wrong booleans."""
+    a = torch.zeros(2, 1, 3, 1, 4, dtype=torch.bool)
+    b = torch.zeros(1, 3, 1, 2, 1, dtype=torch.bool)
+    with pytest.raises(circle_fx.UnsupportedOpError, match="5-D LOGICAL_OR .* correctly up to rank 4"):
+        circle_fx.export(Fn(lambda x, y: x | y), (a, b))
+
+
+def test_rank5_bool_expand_is_not_a_broadcasting_logical_or():
+    """A bool ``expand`` is LOGICAL_OR with a False constant up to rank 4; at rank 5 that OR
+    would be wrong in onert (alternating broadcasts do not fold), so it is a BROADCAST_TO, which
+    the ``types`` step carries through int32 (exact)."""
+    m = torch.rand(2, 1, 3, 1, 4, generator=torch.Generator().manual_seed(7)) > 0.5
+    cm = assert_onert_matches_eager(Fn(lambda k: k.expand(2, 5, 3, 6, 4)), (m,), rtol=0, atol=0)
+    assert "LOGICAL_OR" not in cm.op_histogram() and cm.op_histogram()["BROADCAST_TO"] == 1
+
+
 def test_ggml_rows(lowered):
     model = torch.nn.Linear(64, 32).eval()
     x = randn(2, 3, 64)
@@ -206,6 +311,93 @@ def test_ggml_rows(lowered):
         with torch.no_grad():
             ref = model(x).numpy()
         assert np.abs(cm.run(x)[0] - ref).max() / np.abs(ref).max() < 0.05  # q4_0 weights
+
+
+def test_index_clamps(lowered):
+    """onert's GATHER reads outside the table for an id out of range, without an error: the
+    embedding lowering emits a plain GATHER of the input ids, the ``index_clamps`` step clamps
+    them; without it ``check`` refuses the operators (the step's ``ensures``) and ``verify`` warns
+    about a file that neither clamps nor declares the input's ``index_range``."""
+    import warnings
+
+    from circle_fx.emit.legalize import check
+
+    emb = torch.nn.Embedding(10, 4).eval()
+    ids = torch.tensor([[1, 9, 0]])
+    cm = assert_onert_matches_eager(emb, (ids,), rtol=0, atol=0)
+    mb = lowered["mb"]
+    (op, ins), = _plain(lowered, BO.GATHER)
+    assert op.inputs[1] in mb.inputs  # plain: the ids as they come
+    with pytest.raises(circle_fx.LegalizeError, match="index_clamps: indices from graph input .* unclamped"):
+        check(copy.deepcopy(mb), "index_clamps", {"index_clamps"})
+    unclamped = copy.deepcopy(mb)
+    protected = set(lowered["protected"])
+    for step in STEPS:
+        if step.name != "index_clamps":
+            step.run(unclamped, protected)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report = circle_fx.verify(bytes(serialize(unclamped).head))
+    assert report.unclamped_indices and any("10-row table unclamped" in str(w.message) for w in seen), seen
+    assert not circle_fx.verify(bytes(cm.to_bytes())).unclamped_indices
+    unclamped_file = circle_fx.export(emb, (ids,), clamp_indices=False)  # declares index_range instead
+    assert not circle_fx.verify(bytes(unclamped_file.to_bytes())).unclamped_indices
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_ggml_bias(lowered, bias):
+    """onert's ggml FULLY_CONNECTED throws on a bias and ignores a fused activation: the lowering
+    emits the FC with both, verify reports the bias without the ``ggml_bias`` step, which moves
+    them into an ADD (of zeros without a bias) after a bare FC."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 32, bias=bias)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x))
+
+    model, x = Net().eval(), randn(3, 64)
+    cm = circle_fx.export(model, (x,), quantize="q4_0")
+    (op, ins), = _plain(lowered, BO.FULLY_CONNECTED)
+    assert (ins[2] is not None) == bias and op.options.fusedActivationFunction == 1  # plain: bias, RELU on the FC
+    if bias:
+        problems = _verify_without(lowered, "ggml_bias")
+        assert any("ggml_bias: a bias with a GGML_Q4_0 weight" in p for p in problems), problems
+    ops = _ops(cm)
+    fc = next(o for o in ops if o.name == "FULLY_CONNECTED")
+    assert len(fc.inputs) < 3 or fc.inputs[2] == -1
+    assert [o.name for o in ops][-1] == "ADD"
+    if not ggml_unsupported_reason():
+        with torch.no_grad():
+            ref = model(x).numpy()
+        assert np.abs(cm.run(x)[0] - ref).max() / np.abs(ref).max() < 0.1  # q4_0 weights
+
+
+def test_ggml_gather_ids(lowered):
+    """onert's GATHER from a GGML_Q4_0 table takes 1-D int32 ids only (int64 fails, [B, T] fills
+    only the first row): the embedding lowering emits the plain GATHER of ``[2, 3]`` int64 ids,
+    verify reports it without the ``ggml_gather_ids`` step, which CASTs and flattens them. The
+    q4_0 GATHER runs on x86 too (only the GGML FC kernels need AVX-512)."""
+    from circle_fx.api import lower
+    from circle_fx.quant.config import QuantConfig
+
+    emb = torch.nn.Embedding(64, 32).eval()
+    ids = torch.tensor([[1, 5, 63], [7, 0, 2]])
+    cm = lower(circle_fx.capture(emb, (ids,)), quantize=QuantConfig(weights="q4_0", embedding="q4_0"))
+    (op, ins), = _plain(lowered, BO.GATHER)
+    assert type_name(ins[0].type) == "GGML_Q4_0" and ins[1].type == TT.INT64 and list(ins[1].shape) == [2, 3]
+    problems = _verify_without(lowered, "ggml_gather_ids")
+    assert any("ggml_gather_ids: INT64 indices of shape [2, 3]" in p for p in problems), problems
+    from circle_fx.circle.reader import read_circle
+    model = read_circle(bytes(cm.to_bytes()))
+    gather, = [o for o in model.operators if o.name == "GATHER"]
+    assert model.tensors[gather.inputs[1]].type == TT.INT32 and len(model.tensors[gather.inputs[1]].shape) == 1
+    with torch.no_grad():
+        ref = emb(ids).numpy()
+    got = cm.run(ids)[0]
+    assert got.shape == ref.shape and np.abs(got - ref).max() / np.abs(ref).max() < 0.15  # q4_0 rows
+    assert np.abs(got[1]).max() > 0  # the second row of ids is filled too
 
 
 def test_output_copies(lowered):

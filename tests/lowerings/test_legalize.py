@@ -19,8 +19,9 @@ def _one_op(code, in_shapes, out_shape, ttype=TT.FLOAT32, consts=(), opts=None):
 
 
 def test_steps_are_declared_in_order():
-    assert [s.name for s in STEPS] == ["constant_lhs", "dynamic_rms_norm", "rope_positions", "ggml_rows", "types", "ranks",
-                                       "peephole", "index_clamps", "output_copies"]
+    assert [s.name for s in STEPS] == ["constant_lhs", "dynamic_rms_norm", "rope_positions", "ggml_rows", "ggml_bias",
+                                       "ggml_gather_ids", "types", "ranks", "peephole", "index_clamps",
+                                       "output_copies"]
     assert [s.name for s in STEPS if not s.required] == ["peephole", "index_clamps"]
 
 

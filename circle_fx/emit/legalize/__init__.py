@@ -3,7 +3,7 @@
 Lowerings emit plain Circle for their node; what onert cannot run as emitted (an element type
 without a kernel, a rank its kernel refuses or miscomputes, a form it refuses: a constant
 matmul lhs, a dynamic RMS_NORM, ROPE tables of several positions, an N-D input to a GGML-weight
-FULLY_CONNECTED; a graph output that later
+FULLY_CONNECTED, int64 or N-D ids into a GGML table; a graph output that later
 operators read) is fixed here, on the operator list, by named steps run in the declared order
 of :data:`STEPS`. Every limit is read from the Circle op table (``circle/op_table.py``: its
 ``types``, ``rank`` and ``forms``, the checks in ``circle/limits.py``), the same table
@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...circle import op_table
+from ...circle.limits import INDEX_CLAMPS
 from ...circle.op_table import ELEMENT_TYPES, Operand, data_inputs, form_problems, rank_problem, unsupported_type
 from ...circle.schema import type_name
 from ...errors import LegalizeError
+from .. import index_limits
 from ..builder import ModelBuilder, op_name
-from ..index_limits import guard_indices
 from . import forms, outputs, peephole, ranks, types
 
 #: what a step establishes for every operator (checked after it and after every later step);
@@ -58,14 +59,16 @@ STEPS: tuple[Step, ...] = (
     _form(op_table.DYNAMIC_RMS_NORM, forms.dynamic_rms_norm),
     _form(op_table.ROPE_POSITIONS, forms.rope_positions),
     _form(op_table.GGML_ROWS, forms.ggml_rows),
+    _form(op_table.GGML_BIAS, forms.ggml_bias),
+    _form(op_table.GGML_GATHER_IDS, forms.ggml_gather_ids),
     # its CASTs are elementwise operators, which the rank step then folds
     Step("types", lambda mb, _: types.legalize(mb), frozenset({TYPES})),
     # correctness, not speed: always, before the peephole merges the RESHAPEs it adds
     Step("ranks", lambda mb, _: ranks.legalize(mb), frozenset({RANKS})),
     Step("peephole", peephole.simplify, required=False),
     # after the peephole, which would bypass what they add; skipped, the ranges are still recorded
-    Step("index_clamps", lambda mb, _: guard_indices(mb, clamp=True), required=False,
-         when_skipped=lambda mb, _: guard_indices(mb, clamp=False)),
+    Step(INDEX_CLAMPS, lambda mb, _: index_limits.guard_indices(mb, clamp=True), frozenset({INDEX_CLAMPS}),
+         required=False, when_skipped=lambda mb, _: index_limits.guard_indices(mb, clamp=False)),
     Step(outputs.OUTPUT_COPIES, outputs.copy_outputs, frozenset({outputs.OUTPUT_COPIES})),
 )
 
@@ -89,12 +92,15 @@ def legalize(mb: ModelBuilder, protected: set[int], skip=frozenset()) -> None:
 
 def check(mb: ModelBuilder, step: str, ensured) -> None:
     """Raise a :class:`LegalizeError` naming ``step`` when an operator breaks a limit in
-    ``ensured`` (:data:`TYPES`, :data:`RANKS`, a form limit's name, :data:`outputs.OUTPUT_COPIES`)."""
+    ``ensured`` (:data:`TYPES`, :data:`RANKS`, a form limit's name, :data:`outputs.OUTPUT_COPIES`,
+    ``limits.INDEX_CLAMPS``: no GATHER reads a graph input's values unclamped)."""
     if not ensured:
         return
     problems, ops = [], []
     if outputs.OUTPUT_COPIES in ensured:
         problems += outputs.problems(mb)
+    if INDEX_CLAMPS in ensured:
+        problems += index_limits.problems(mb)
     for k, op in enumerate(mb.operators):
         name = op_name(op.code)
         msg = None

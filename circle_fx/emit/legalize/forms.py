@@ -18,16 +18,25 @@ reports a file with): the lowerings emit plain Circle, whatever onert makes of i
   (measured), so an N-D input is RESHAPEd to ``[rows, in]`` first (the FC writes ``[rows, out]``
   either way); the peephole drops that RESHAPE where the limit allows (it asks the same limit:
   ``limits.fully_connected_input_problem``).
+- ``ggml_bias``: onert's ggml FULLY_CONNECTED kernel throws on a bias and ignores a fused
+  activation (measured: benchmarks/onert_fc_activation.py): both move into an ADD after the FC
+  (of zeros when there is no bias), exact.
+- ``ggml_gather_ids``: onert's GATHER from a GGML block table takes 1-D int32 indices only (int64
+  fails; ids ``[B, T]`` with B > 1 fill only the first row): the ids are CAST to int32 and
+  flattened, the GATHER writes ``[ids, D]`` rows, a RESHAPE gives them the ids' shape.
 - ``rope_positions``: onert's ROPE applies the tables' first row to every
   position, so one whose tables hold several runs as ``x*cos + rotate_half(x)*sin``
   (``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``, GPT-NeoX, what ROPE's mode computes).
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ...circle.dims import broadcast
-from ...circle.schema import CIRCLE_TO_NUMPY, make_options as options, type_name
+from ...circle.limits import holds_several_positions
+from ...circle.schema import CIRCLE_TO_NUMPY, TT, make_options as options, type_name
 from ..builder import BO, ModelBuilder, OperatorInfo
 
 
@@ -41,6 +50,14 @@ def dynamic_rms_norm(mb: ModelBuilder) -> int:
 
 def ggml_rows(mb: ModelBuilder) -> int:
     return mb.rewrite_operators(lambda op: _rows(mb, op) if op.code == BO.FULLY_CONNECTED else None)
+
+
+def ggml_bias(mb: ModelBuilder) -> int:
+    return mb.rewrite_operators(lambda op: _bias_as_add(mb, op) if op.code == BO.FULLY_CONNECTED else None)
+
+
+def ggml_gather_ids(mb: ModelBuilder) -> int:
+    return mb.rewrite_operators(lambda op: _ggml_ids(mb, op) if op.code == BO.GATHER else None)
 
 
 def rope_positions(mb: ModelBuilder) -> int:
@@ -112,7 +129,7 @@ def _decomposed_rms_norm(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInf
 def _decomposed_rope(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     x, sin, cos = op.inputs
     out = op.outputs[0]
-    if all(d == 1 for t in (sin, cos) for d in mb.dims(t)[:-1]):
+    if not any(holds_several_positions(mb.dims(t)) for t in (sin, cos)):
         return None
     dims, info, src = mb.dims(x), mb.tensors[x], op.source
     d = dims[-1]
@@ -159,3 +176,43 @@ def _rows(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
     flat, ops = mb.reshaped(x, [rows, dims[-1]], [int(np.prod(hint[:-1])), hint[-1]],
                             f"{mb.tensors[x].name}/rows", op.source)
     return ops + [OperatorInfo(op.code, [flat, *op.inputs[1:]], list(op.outputs), op.options, op.source)]
+
+
+# ------------------------------------------------------------------- ggml gather ids
+def _ggml_ids(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    table, ids = op.inputs[:2]
+    out = op.outputs[0]
+    dims = mb.dims(ids)
+    i32 = mb.tensors[ids].type == TT.INT32
+    if not type_name(mb.tensors[table].type).startswith("GGML_") or (i32 and len(dims) == 1) or -1 in dims:
+        return None  # (a dynamic id shape: the check after this step names it)
+    ops, hint = [], list(mb.tensors[ids].shape)
+    if not i32:
+        narrow = mb.add_tensor(f"{mb.tensors[ids].name}/ids_i32", hint, TT.INT32)
+        ops.append(OperatorInfo(BO.CAST, [ids], [narrow], None, op.source))
+        ids = narrow
+    if len(dims) == 1:
+        return ops + [OperatorInfo(op.code, [table, ids, *op.inputs[2:]], [out], op.options, op.source)]
+    n = int(np.prod(dims))
+    flat, view = mb.reshaped(ids, [n], [n], f"{mb.tensors[ids].name}/ids_flat", op.source)
+    rows = mb.like(out, [n, mb.dims(out)[-1]], None, f"{mb.tensors[out].name}/rows")
+    return ops + view + [OperatorInfo(op.code, [table, flat, *op.inputs[2:]], [rows], op.options, op.source),
+                         mb.reshape_into(rows, out, op.source)]
+
+
+# ------------------------------------------------------------------------ ggml bias
+def _bias_as_add(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
+    x, w = op.inputs[:2]
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    act = getattr(op.options, "fusedActivationFunction", 0) or 0
+    if not type_name(mb.tensors[w].type).startswith("GGML_") or (bias < 0 and not act):
+        return None
+    out = op.outputs[0]
+    if bias < 0:  # the kernel ignores a fused activation: an ADD of 0 takes it
+        bias = mb.add_constant(f"{mb.tensors[out].name}/zero_bias",
+                               np.zeros(mb.dims(w)[0], CIRCLE_TO_NUMPY[mb.tensors[out].type]))
+    fc_opts = copy.copy(op.options)
+    fc_opts.fusedActivationFunction = 0
+    mid = mb.like(out, mb.dims(out), list(mb.tensors[out].shape), f"{mb.tensors[out].name}/unbiased")
+    return [OperatorInfo(op.code, [x, w, -1], [mid], fc_opts, op.source),
+            OperatorInfo(BO.ADD, [mid, bias], [out], options("AddOptions", fusedActivationFunction=act), op.source)]

@@ -8,6 +8,8 @@ Measured (docs/onert-findings.md, "Ranks above 4"):
 - SELECT_V2 whose operands broadcast (a scalar, a lower-rank or size-1 operand) returns
   wrong values, without an error, at rank 5 and 6; it is exact at rank <= 4, and at rank
   5-6 when all three operands have the output's shape;
+- LOGICAL_OR / LOGICAL_AND likewise: wrong booleans at rank 5-6 with a broadcasting operand,
+  exact at rank <= 4 and with operands of the output's shape (``limits.LOGICAL_BROADCAST``);
 - every elementwise op tried (EXP, MUL, SUB, SELECT_V2) crashes the process at rank 7.
 
 Any lowering can emit such an operator (``where``, ``masked_fill``, a mask built by

@@ -12,6 +12,7 @@ step over the emitted operators (the ``types`` step of ``emit/legalize``), inste
 - SELECT_V2 of integer or bool values (float only): arithmetic / logic, exact for every value.
 - TILE of integers or bools (float only): ADD / LOGICAL_OR of a zeros constant of the multiples.
 - SQUARE of integers (float only): MUL of the input by itself.
+- TRANSPOSE of another type that moves only size-1 dims: the RESHAPE it is (any type).
 - bool: CAST to int32 (float32 where the op runs no int32) in, the op, CAST back. Exact: 0 and
   1 survive both casts, and data movement never makes a new value. Constants are converted
   in place.
@@ -63,6 +64,8 @@ def _retype(mb: ModelBuilder, op: OperatorInfo) -> list[OperatorInfo] | None:
                              op.source)]
     if name == "TILE" and mb.tensors[op.inputs[1]].buffer:
         return _tile_by_broadcast(mb, op)
+    if name == "TRANSPOSE" and (view := _transpose_as_reshape(mb, op)) is not None:
+        return [view]
     if name == "SLICE" and all(mb.tensors[t].buffer for t in op.inputs[1:]):
         strided = _as_strided_slice(mb, op)  # STRIDED_SLICE runs int32/int64; bool still needs a carrier
         return [strided] if (more := _retype(mb, strided)) is None else more
@@ -109,6 +112,19 @@ def _converted(mb: ModelBuilder, t: int, carrier: str, ops: list, source: str) -
     out = mb.add_tensor(f"{info.name}/{carrier.lower()}", list(info.shape), code, 0, info.shape_signature)
     ops.append(OperatorInfo(BO.CAST, [t], [out], None, source))
     return out
+
+
+def _transpose_as_reshape(mb: ModelBuilder, op: OperatorInfo) -> OperatorInfo | None:
+    """A TRANSPOSE that moves only size-1 dims, as the RESHAPE it is (same element order, any
+    type: XLNet's ``input_ids.transpose(0, 1)`` on batch 1); None when it moves data (or has
+    more than one dynamic dim)."""
+    dims = mb.dims(op.inputs[0])
+    if not mb.tensors[op.inputs[1]].buffer or dims.count(-1) > 1:
+        return None
+    perm = [int(p) % max(1, len(dims)) for p in mb.values(op.inputs[1]).ravel()]
+    if [p for p in perm if dims[p] != 1] != [d for d in range(len(dims)) if dims[d] != 1]:
+        return None
+    return mb.reshape_into(op.inputs[0], op.outputs[0], op.source)
 
 
 def _as_strided_slice(mb: ModelBuilder, op: OperatorInfo) -> OperatorInfo:

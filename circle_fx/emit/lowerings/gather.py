@@ -5,7 +5,7 @@ tensor at dimension d, every other position ``None`` (a full slice), is exactly
 GATHER on axis d; several index tensors (broadcast together) would need GATHER_ND,
 which onert 0.1.0 does not implement: ``passes/flat_index.py`` rewrites them into one
 flat index before emission, so only cases it cannot (symbolic shapes) reach this error.
-onert's GATHER has no bool kernel: a bool table is gathered as int32 and cast back.
+onert's GATHER has no bool kernel: the ``types`` legalization step gathers a bool table as int32.
 
 torch counts negative indices from the end; GATHER reads out of bounds instead. Constant
 index tensors are wrapped at compile time; a run-time index tensor gets
@@ -53,15 +53,15 @@ def index(ctx, node):
     axis_before = next(d for d, i in enumerate(indices) if i is idx)  # before any dims were dropped
     if ctx.dtype(idx) == torch.bool:
         raise ctx.error("boolean-mask indexing has a data-dependent shape and is not supported")
-    # onert 0.1.0 GATHER: "unsupported input data type" for bool and int64 tables. bool goes
-    # through int32; so do int64 positions and counts (bounded by a dim's size: exact), and
-    # int64 constant tables whose values fit (DeepSeek-V4's token -> expert hash table)
-    table = _int32_table(ctx, x) if src is None else None
-    if table is not None:
-        src = ctx.const_tensor(table, "table32")
-    narrow = ctx.dtype(x) == torch.bool or (ctx.dtype(x) == torch.int64 and facts.table_counts_positions)
+    # onert 0.1.0 GATHER: "unsupported input data type" for bool and int64 tables. The types
+    # legalization step carries bool through int32 and stores int64 constant tables whose values
+    # fit as int32 (DeepSeek-V4's token -> expert hash table), as for every op. What it cannot
+    # know is that a run-time int64 table holds positions or counts (bounded by a dim's size, so
+    # int32 is exact): the index_facts analysis does, so that narrowing is here.
+    narrow = ctx.dtype(x) == torch.int64 and facts.table_counts_positions \
+        and (src is not None or ctx.constant(x) is None)
     src = ctx.tensor(x) if src is None else src
-    work = torch.int32 if narrow or table is not None else ctx.dtype(node)
+    work = torch.int32 if narrow else ctx.dtype(node)
     if narrow:
         small = ctx.new_tensor(dims, torch.int32, "positions32", hint)
         ctx.op(BO.CAST, [src], [small])
@@ -80,14 +80,6 @@ def index(ctx, node):
         picked = grown
     if picked != out:
         ctx.op(BO.CAST, [picked], [out])
-
-
-def _int32_table(ctx, x) -> torch.Tensor | None:
-    """``x`` as an int32 tensor when it is an int64 constant whose values all fit in int32."""
-    t = ctx.constant(x) if ctx.dtype(x) == torch.int64 else None
-    if t is None or (t.numel() and (int(t.min()) < -2**31 or int(t.max()) >= 2**31)):
-        return None
-    return t.to(torch.int32)
 
 
 def _drop_repeated_indices(ctx, node, x, given, repeated):

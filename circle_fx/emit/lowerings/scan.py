@@ -78,23 +78,21 @@ def _tensor(ctx, hint, dims, dtype, name):
 
 
 def _pad_front(ctx, x: int, shape, sig, axis: int, m: int, dtype: torch.dtype, name: str) -> int:
-    """``x`` with ``m`` zeros in front along ``axis``. CONCATENATION with a zeros constant
-    when the other dims are static (onert's PAD has no integer kernel: "Pad: unsupported
-    data type" for int32), PAD (float only) otherwise."""
+    """``x`` with ``m`` zeros in front along ``axis``: CONCATENATION with a zeros constant when
+    the other dims are static (one op, no pads table), else PAD. onert's PAD has no integer
+    kernel ("Pad: unsupported data type" for int32): the ``types`` legalization step makes an
+    integer PAD that same CONCATENATION, and refuses one whose other dims are dynamic."""
     pshape = list(shape)
     pshape[axis] += m
     psig = None if sig is None else [(-1 if s == -1 else p) for s, p in zip(sig, pshape)]
     out = _tensor(ctx, pshape, psig, dtype, name)
     others_static = sig is None or all(s != -1 for d, s in enumerate(sig) if d != axis)
-    if others_static:
+    if others_static and dtype == torch.float32:
         zshape = list(shape)
         zshape[axis] = m
         zeros = ctx.const(np.zeros(zshape, numpy_dtype(dtype)), "zeros")
         ctx.op(BO.CONCATENATION, [zeros, x], [out], options("ConcatenationOptions", axis=axis))
         return out
-    if dtype != torch.float32:
-        raise ctx.error(f"a prefix sum of {dtype} along dim {axis} with other dims dynamic (shape {sig}) is not "
-                        "supported: onert's PAD has no integer kernel")
     pads = np.zeros((len(shape), 2), np.int32)
     pads[axis, 0] = m
     ctx.op(BO.PAD, [x, ctx.int_const(pads, "pads")], [out], options("PadOptions"))

@@ -27,28 +27,12 @@ def reshape(ctx, node):
     ctx.op(BO.RESHAPE, [ctx.tensor(node.args[0]), ctx.shape_operand(node)], [ctx.output(node)])
 
 
-#: element types onert 0.1.0's TRANSPOSE kernel runs (the op table's types, circle/op_table.py); bool is
-#: carried through int32 after lowering (emit/legalize/types.py), int64 / int8 have no exact carrier
-_TRANSPOSE_TYPES = (torch.float32, torch.int32)
-
-
 def _transpose(ctx, node, perm):
-    """TRANSPOSE for the types onert transposes (bool via emit/legalize/types.py). Others: RESHAPE when only
-    size-1 dims move (same element order; XLNet's ``input_ids.transpose(0, 1)`` on batch 1),
-    else refused: onert 0.1.0 offers no exact route for int64 / int8."""
-    x = node.args[0]
-    dtype, dims = ctx.dtype(x), ctx.dims(x)
-    if dtype in _TRANSPOSE_TYPES or ctx.quantization(x) is not None:
-        ctx.op(BO.TRANSPOSE, [ctx.tensor(x), ctx.int_const(perm, "perm")], [ctx.output(node)])
-        return
-    if [p for p in perm if dims[p] != 1] == [d for d in range(len(dims)) if dims[d] != 1] and dims.count(-1) <= 1:
-        reshape(ctx, node)
-        return
-    if dtype == torch.bool:
-        ctx.op(BO.TRANSPOSE, [ctx.tensor(x), ctx.int_const(perm, "perm")], [ctx.output(node)])
-        return
-    raise ctx.error(f"transposing a {dtype} tensor {dims} with perm {perm}: onert 0.1.0's TRANSPOSE runs only "
-                    "float32 and int32 (and GATHER/CAST offer no exact detour); cast it to int32 in the model")
+    """TRANSPOSE, of any element type: onert 0.1.0 transposes float32 and int32 only, and the
+    ``types`` legalization step brings the others within that (a RESHAPE when only size-1 dims
+    move, bool through int32, int64 constants stored as int32; a run-time int64 / int8 transpose
+    that moves data is refused there, naming the op and the model line)."""
+    ctx.op(BO.TRANSPOSE, [ctx.tensor(node.args[0]), ctx.int_const(perm, "perm")], [ctx.output(node)])
 
 
 @lowering(aten.transpose.int)
@@ -88,9 +72,10 @@ def expand(ctx, node):
     if len(src) < len(out):  # leading new dims: make ranks equal first
         src = padded(src, len(out))
         x = ctx.reshaped(x, src, name="rank")
-    if ctx.dtype(node) == torch.bool:
-        # onert 0.1.0's BROADCAST_TO has no bool kernel ("BroadcastToLayer: unsupported data
-        # type"): OR with a False constant of the repeated sizes broadcasts instead
+    if ctx.dtype(node) == torch.bool and len(out) <= limits.LOGICAL_BROADCAST:
+        # OR with a False constant of the repeated sizes broadcasts a bool in one op (BROADCAST_TO
+        # has no bool kernel: the types step would CAST through int32). Not above rank
+        # LOGICAL_BROADCAST, where onert's broadcasting LOGICAL_OR is wrong: BROADCAST_TO there.
         zeros = ctx.const(np.zeros([o if s == 1 else 1 for s, o in zip(src, out)], np.bool_), "broadcast")
         ctx.op(BO.LOGICAL_OR, [x, zeros], [ctx.output(node)])
         return

@@ -1,17 +1,19 @@
 """GGML block-quantized layers (``circle.linear_ggml``, ``circle.embedding_ggml``) in the forms
 onert 0.1.0 runs (measured: ``docs/onert-findings.md``, "GGML blocks").
 
-- ``linear_ggml`` -> ``FULLY_CONNECTED`` (float32 ``[rows, in]`` input, ``GGML_Q8_0`` /
-  ``GGML_Q4_0`` weight ``[out, in]``, no bias: the ggml kernel throws on one) -> ``ADD`` bias ->
-  ``RESHAPE`` back to the leading dims. A fused activation goes on the ADD (exact), an ADD of
-  zeros when there is no bias: the ggml kernel ignores FULLY_CONNECTED's fused activation
-  (measured: ``benchmarks/onert_fc_activation.py``; ``verify`` refuses it). The kernel quantizes the activations per block of 32
+- ``linear_ggml`` -> ``FULLY_CONNECTED`` (float32 input, ``GGML_Q8_0`` / ``GGML_Q4_0`` weight
+  ``[out, in]``, its bias and fused activation) -> ``RESHAPE`` back to the leading dims. The
+  ggml kernel throws on a bias and ignores a fused activation (measured:
+  ``benchmarks/onert_fc_activation.py``), so the ``ggml_bias`` legalization step
+  (``emit/legalize/forms.py``) moves both into an ``ADD`` after it (of zeros when there is no
+  bias; exact); ``verify`` reports either on a GGML FC. The kernel quantizes the activations per block of 32
   (ggml's Q8 dot product), ~0.4 % of |y| for Q8_0 weights, far below the hybrid int8 path's
   per-row activation quantization.
 - ``embedding_ggml`` -> ``GATHER`` from a ``GGML_Q4_0`` table: onert returns the dequantized
-  rows (exact); its indices must be int32 (int64 ids get a CAST) and 1-D: with indices
-  ``[B, T]``, B > 1, onert fills only the first B-row and leaves the rest zero (measured), so
-  indices of rank > 1 are flattened and the rows RESHAPEd back. A ``GGML_Q8_0`` table fails at
+  rows (exact); its indices must be int32 and 1-D: with indices ``[B, T]``, B > 1, onert fills
+  only the first B-row and leaves the rest zero (measured). The lowering emits the plain GATHER
+  of the ids; the ``ggml_gather_ids`` legalization step CASTs them to int32, flattens them and
+  RESHAPEs the rows back (``limits.ggml_gather_ids``, which ``verify`` reports). A ``GGML_Q8_0`` table fails at
   run time in onert 0.1.0, so it is refused here.
 
 Static shapes only: a dynamic row count is refused with a clear error (the weight-only int8
@@ -19,9 +21,6 @@ path, which the quantize pass uses instead, handles it).
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
 from ...circle import ggml
@@ -55,12 +54,9 @@ def lower_linear_ggml(ctx, node):
     wt = _weight(ctx, blocks, kind, f"the {kind} weight")
     for v in (x, node):  # static shapes only (module docstring): raises on a dynamic dim
         ctx.dims(v, static=True)
-    xt = rows_input(ctx, x)
-    after = [] if bias is None else [(BO.ADD, ctx.tensor(bias), options("AddOptions"), "biased")]
-    if activation != "none" and bias is None:  # the ggml FC ignores a fused activation: an ADD of 0 takes it
-        zeros = ctx.const(np.zeros(ctx.dims(node, static=True)[-1], np.float32), "zero_bias")
-        after = [(BO.ADD, zeros, options("AddOptions"), "activated")]
-    fully_connected(ctx, node, xt, wt, after=after, name=f"fc_{kind}", dtype=torch.float32, activation=activation)
+    # the plain FC, bias and activation on it: the ggml_bias legalization step moves them into an ADD
+    fully_connected(ctx, node, rows_input(ctx, x), wt, -1 if bias is None else ctx.tensor(bias), name=f"fc_{kind}",
+                    dtype=torch.float32, activation=activation)
 
 
 @lowering(embedding_ggml)
@@ -70,17 +66,7 @@ def lower_embedding_ggml(ctx, node):
         raise ctx.error(f"GATHER from a {kind} table fails at run time in onert 0.1.0; only q4_0 tables "
                         "are gathered (the quantize pass stores other embeddings as uint8 rows)")
     table = _weight(ctx, blocks, kind, "the embedding table")
-    idx = ctx.tensor(ids)
-    if ctx.dtype(ids) != torch.int32:  # onert's GGML GATHER accepts int32 indices only (measured)
-        i32 = ctx.like(ids, "ids_i32", torch.int32)
-        ctx.op(BO.CAST, [idx], [i32])
-        idx = i32
-    ids_dims = ctx.dims(ids, static=True)
-    if len(ids_dims) == 1:
-        ctx.op(BO.GATHER, [table, idx], [ctx.output(node)], options("GatherOptions", axis=0, batchDims=0))
-        return
-    n = math.prod(ids_dims)
-    rows = ctx.new_tensor([n, ctx.dims(node, static=True)[-1]], torch.float32, "rows")
-    ctx.op(BO.GATHER, [table, ctx.reshaped(idx, [n], name="ids_flat")], [rows],
-           options("GatherOptions", axis=0, batchDims=0))
-    ctx.op(BO.RESHAPE, [rows, ctx.shape_operand(node)], [ctx.output(node)])
+    # plain GATHER of the ids as they are: onert's GGML GATHER takes 1-D int32 ids only, which
+    # the ggml_gather_ids legalization step (emit/legalize/forms.py) makes them
+    ctx.dims(ids, static=True)
+    ctx.op(BO.GATHER, [table, ctx.tensor(ids)], [ctx.output(node)], options("GatherOptions", axis=0, batchDims=0))
