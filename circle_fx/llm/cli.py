@@ -114,6 +114,11 @@ def _check_prompt(pkg, new_tokens: int) -> tuple[list[int], int]:
     return prompt, max(1, min(new_tokens, m["max_seq_len"] - len(prompt) + 1))
 
 
+#: the quantized --check's prompt when the package has a tokenizer (cut to max_seq_len / 2 tokens)
+CHECK_TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+              "combined movable metal type, oil-based ink and a wooden press. Within fifty years")
+
+
 def _check_quantized(pkg, model, new_tokens: int) -> list[str]:
     """A quantized package vs the float ``model`` (:mod:`circle_fx.llm.quant_check`): the report's
     lines, or :class:`CircleFxError` (nothing written) when its KL is over the threshold."""
@@ -130,6 +135,9 @@ def _check_quantized(pkg, model, new_tokens: int) -> list[str]:
         pkg.save(tmp)
         runtime, where = package_runtime(pkg.path())
         runner = pkg.runner(tmp, runtime=runtime)
+        if (pkg.manifest.get("text") or {}).get("tokenizer"):  # a real text tells more than ids 1..5
+            prompt = runner.encode(CHECK_TEXT)[:max(1, pkg.manifest["max_seq_len"] // 2)]
+            new_tokens = max(1, min(new_tokens, pkg.manifest["max_seq_len"] - len(prompt) + 1))
         result = compare(runner, model, prompt, new_tokens, pkg.manifest["weights"].get("decode") or {}, where)
     finally:
         if runtime is not None:

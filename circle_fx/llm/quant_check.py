@@ -79,8 +79,8 @@ class Agreement:
             div = f"none: the package picks the float model's {n} greedy tokens"
         else:
             k = self.first_divergence
-            div = (f"new token {k + 1} of {n} (float picks {self.float_tokens[k]}, the package {self.package_pick}; "
-                   f"the first {k} agree)")
+            div = (f"new token {k + 1} of {n} (float picks {self.float_tokens[k]}, the package {self.package_pick}"
+                   + (f"; the first {k} agree)" if k else ")"))
         ratio = self.kl / self.yardstick if self.yardstick > 0 else float("inf")
         return [f"--check (quantized, {self.where}): prompt {self.prompt} + {n} greedy tokens of the float model, "
                 "teacher-forced",
