@@ -170,17 +170,17 @@ def _logsumexp(x: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------ yardstick
 def _encoding_of(names: list[str], encodings: dict, linear: bool) -> str | None:
-    """The encoding the package stored a weight in (any of its tied names; a merged weight's key
-    is its members joined by ``+``; a tied weight stored twice reads ``q8_0+uint8``)."""
+    """The encoding the package stored a weight in for a linear / an embedding use (any of its tied
+    names; a merged weight's key is its members joined by ``+``; a tied weight stored once per
+    encoding reads ``LINEAR+TABLE``, e.g. ``q8_0+uint8``)."""
     table = {}
     for key, enc in encodings.items():
         for member in key.split("+"):
             table.setdefault(member, enc)
     for n in names:
         if n in table:
-            parts = table[n].split("+")
-            modes = [e for e in parts if (e in _LINEAR_MODES) == linear]
-            return (modes or parts)[0]
+            parts = table[n].split("+")  # a tied weight split in two: the linear's encoding first
+            return parts[0] if linear else parts[-1]
     return None
 
 
@@ -248,7 +248,9 @@ def plain_rounding(model, encodings: dict):
                 continue
             if linear and enc in _LINEAR_MODES:
                 hooks.append(m.register_forward_pre_hook(_round_input(enc)))
-            if id(w) in done:  # a tied weight is rounded once
+            if id(w) in done:  # a tied weight is rounded once, as its linear (the lm_head) reads it
+                if done[id(w)] != enc:
+                    notes.append(f"yardstick: tied {names[id(w)][0]} rounded as {done[id(w)]} (the package's table: {enc})")
                 continue
             done[id(w)] = enc
             saved.append((w, w.data))

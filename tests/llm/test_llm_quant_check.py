@@ -136,3 +136,31 @@ def test_q4_0_on_arm64_good_passes_wrong_scale_fails(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     kl, _, threshold = _numbers(err)
     assert kl > threshold and "nothing was written" in err and "Traceback" not in err
+
+
+def test_yardstick_rounds_every_weight_the_package_quantized_and_restores():
+    """The yardstick finds each quantized weight by the manifest's names (merged q/k/v and gate/up
+    keys, the tied table) and rounds it by its encoding; on exit the float weights are back."""
+    import torch
+
+    import circle_fx
+    from llm_models import trained_llama
+
+    model = trained_llama()
+    pkg = circle_fx.export_llm(model, max_seq_len=16, prefill_len=4, quantize="q4_0-mix", tokenizer=None)
+    encodings = pkg.manifest["weights"]["decode"]
+    assert any("+" in k for k in encodings)  # merged linears: the keys join their members
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
+    with quant_check.plain_rounding(model, encodings) as notes:
+        assert notes == []
+        changed = [m for m in linears if not torch.equal(m.weight, before[_param_name(model, m.weight)])]
+        assert changed == linears
+        hooked = [m for m in linears if m._forward_pre_hooks]
+        assert hooked == [m for m in linears if isinstance(m, torch.nn.Linear)]
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert not any(m._forward_pre_hooks for m in linears)
+
+
+def _param_name(model, tensor):
+    return next(n for n, p in model.named_parameters() if p is tensor)
