@@ -101,8 +101,10 @@ def package_runtime(path: str):
     the check cannot run here (never onert's SIGILL)."""
     from ..circle import ggml_support
 
+    import platform
+
     if not ggml_support.has_block_tensors(path):
-        return None, "x86 onert"
+        return None, f"{platform.machine()} onert"
     why = ggml_support.ggml_unsupported_reason()
     if not why:
         return None, "onert on this host"
