@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import platform
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,13 +102,12 @@ def package_runtime(path: str):
     the check cannot run here (never onert's SIGILL)."""
     from ..circle import ggml_support
 
-    import platform
-
+    here = f"{platform.machine()} onert"
     if not ggml_support.has_block_tensors(path):
-        return None, f"{platform.machine()} onert"
+        return None, here
     why = ggml_support.ggml_unsupported_reason()
     if not why:
-        return None, "onert on this host"
+        return None, here
     from ..circle import arm64
 
     missing = arm64.Arm64Env().missing()
@@ -117,7 +117,7 @@ def package_runtime(path: str):
             f"as Q8_0 blocks for >= 16 rows), which this host's onert cannot run ({why}), and onert's aarch64 "
             f"build under qemu is not available ({missing}). Run `python scripts/arm64.py setup`, export without "
             "--check, or check an int8 export with --int8-rows (no GGML tensor); nothing was written")
-    return arm64.Arm64Runtime(), "onert aarch64 under qemu (x86 onert cannot run GGML here: " + why + ")"
+    return arm64.Arm64Runtime(), f"onert aarch64 under qemu ({here} cannot run GGML here: {why})"
 
 
 def compare(runner, model, prompt: list, new_tokens: int, encodings: dict, where: str = "onert") -> Agreement:
