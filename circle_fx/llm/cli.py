@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..quant import options as quant_options
+from .quant_check import KL_FLOOR, KL_RATIO
 
 
 def _load(spec: str, lazy: bool = True):
@@ -45,7 +46,9 @@ def cmd_export_llm(args) -> int:
         quantize = _calibrated(quantize, model, tokenizer, args.calibration)
     pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=quantize,
                      tokenizer=tokenizer)
-    checked = _check(pkg, model, args.check) if args.check else None
+    checked = None
+    if args.check:
+        checked = _check(pkg, model, args.check) if quantize is None else _check_quantized(pkg, model, args.check)
     pkg.save(args.output)
     m = pkg.manifest
     text = "tokenizer + chat template" if (m.get("text") or {}).get("chat_template") else \
@@ -56,7 +59,10 @@ def cmd_export_llm(args) -> int:
           f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}")
     for line in quant_options.override_report(pkg.decode):
         print(line)
-    if checked:
+    if isinstance(checked, list):
+        for line in checked:
+            print(line)
+    elif checked:
         print(f"--check: onert and transformers generate the same {checked} greedy tokens "
               "(prompt through prefill, and through decode steps)")
     return 0
@@ -102,6 +108,48 @@ def _calibrated(quantize, model, tokenizer, files):
     return replace(resolve_quantize(quantize), importance=importance)
 
 
+def _check_prompt(pkg, new_tokens: int) -> tuple[list[int], int]:
+    m = pkg.manifest
+    prompt = [t % m["model"]["vocab_size"] for t in range(1, 1 + min(5, m["max_seq_len"] // 2))]
+    return prompt, max(1, min(new_tokens, m["max_seq_len"] - len(prompt) + 1))
+
+
+#: the quantized --check's prompt when the package has a tokenizer (cut to max_seq_len / 2 tokens)
+CHECK_TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+              "combined movable metal type, oil-based ink and a wooden press. Within fifty years")
+
+
+def _check_quantized(pkg, model, new_tokens: int) -> list[str]:
+    """A quantized package vs the float ``model`` (:mod:`circle_fx.llm.quant_check`): the report's
+    lines, or :class:`CircleFxError` (nothing written) when its KL is over the threshold."""
+    import shutil
+    import tempfile
+
+    from ..errors import CircleFxError
+    from .quant_check import compare, package_runtime
+
+    prompt, new_tokens = _check_prompt(pkg, new_tokens)
+    tmp = tempfile.mkdtemp(prefix="circle_fx_llm_check_")
+    runtime = None
+    try:
+        pkg.save(tmp)
+        runtime, where = package_runtime(pkg.path())
+        runner = pkg.runner(tmp, runtime=runtime)
+        if (pkg.manifest.get("text") or {}).get("tokenizer"):  # a real text tells more than ids 1..5
+            prompt = runner.encode(CHECK_TEXT)[:max(1, pkg.manifest["max_seq_len"] // 2)]
+            new_tokens = max(1, min(new_tokens, pkg.manifest["max_seq_len"] - len(prompt) + 1))
+        result = compare(runner, model, prompt, new_tokens, pkg.manifest["weights"].get("decode") or {}, where)
+    finally:
+        if runtime is not None:
+            runtime.close()
+        pkg.directory = None  # the package is saved for real by the caller
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not result.passed:
+        raise CircleFxError("\n".join(result.lines()) + f"\n--check failed: the mean KL {result.kl:.4g} nats is over "
+                            f"the threshold {result.threshold:.4g}; nothing was written")
+    return result.lines()
+
+
 def _check(pkg, model, new_tokens: int) -> int:
     """Greedy tokens from onert vs ``model.generate`` before anything is written."""
     import shutil
@@ -111,9 +159,7 @@ def _check(pkg, model, new_tokens: int) -> int:
 
     from ..errors import CircleFxError
 
-    m = pkg.manifest
-    prompt = [t % m["model"]["vocab_size"] for t in range(1, 1 + min(5, m["max_seq_len"] // 2))]
-    new_tokens = max(1, min(new_tokens, m["max_seq_len"] - len(prompt) + 1))
+    prompt, new_tokens = _check_prompt(pkg, new_tokens)
     tmp = tempfile.mkdtemp(prefix="circle_fx_llm_check_")
     try:
         runner = pkg.runner(tmp)
@@ -205,7 +251,12 @@ def add_commands(sub) -> None:
                         "perplexity)")
     e.add_argument("--check", type=int, nargs="?", const=16, default=0, metavar="N",
                    help="before writing, generate N (default 16) greedy tokens in onert and in transformers "
-                        "and fail unless they are the same")
+                        "and fail unless they are the same. With --quantize: report the first diverging greedy "
+                        "token, top-1 agreement and mean KL(float || package) over the check prompt + N steps "
+                        "(teacher-forced on the float tokens), and fail only when the KL is over max("
+                        f"{KL_RATIO:g} x the yardstick, {KL_FLOOR:g} nats), the yardstick being the float model "
+                        "with plain rounding of the same weights (ggml's reference Q4_0/Q8_0, int8 rows) in eager; "
+                        "GGML weights run on onert's aarch64 build under qemu when x86 onert cannot")
     e.set_defaults(func=cmd_export_llm)
 
     g = sub.add_parser("generate", help="generate text (or ids) with an export-llm package, in onert")

@@ -58,6 +58,18 @@ def test_quantize_and_lengths(checkpoint_dir, tmp_path, capsys):
     assert "6 new tokens" in capsys.readouterr().err
 
 
+def test_quantized_check_prompts_with_the_tokenizer_text(checkpoint_dir, tmp_path, capsys):
+    """With a tokenizer, the quantized --check's prompt is CHECK_TEXT's ids (cut to max_seq_len / 2):
+    text tells more about a real model than ids 1..5."""
+    from circle_fx.llm.cli import CHECK_TEXT
+
+    pkg = str(tmp_path / "q")
+    assert main(["export-llm", checkpoint_dir, "-o", pkg, "--max-seq-len", "20", "--prefill-len", "4",
+                 "--quantize", "int8-weights", "--int8-rows", "--check", "4"]) == 0
+    out = capsys.readouterr().out
+    assert f"prompt {tiny_tokenizer()(CHECK_TEXT).input_ids[:10]} + 4 greedy tokens" in out, out
+
+
 def test_calibration_text_weights_the_q4_0_scales(checkpoint_dir, tmp_path, capsys):
     text = tmp_path / "calib.txt"
     text.write_text("the name is bound to the object in the block; a scope defines the visibility. " * 20)
