@@ -125,10 +125,11 @@ def entry_points(models: list, verify: bool = True) -> CircleModel:
     """One Circle model holding two exported models as entry points ``[(name, CircleModel), ...]``:
     a subgraph and a SignatureDef each, every distinct constant buffer stored once, and subgraph
     0 an IF on a bool ``entry`` input that runs the first (True) or the second (False), so one
-    onert 0.1.0 session serves both (circle_fx/emit/entry_points.py says how and why)."""
-    from .emit.entry_points import dispatch
+    onert 0.1.0 session serves both (circle_fx/emit/entry_points.py says how and why). An entry
+    point may be a :class:`~circle_fx.emit.entry_points.Buckets` of builders (an IF chain)."""
+    from .emit.entry_points import Buckets, dispatch
 
-    builder = dispatch([(name, cm.builder) for name, cm in models])
+    builder = dispatch([(name, cm if isinstance(cm, Buckets) else cm.builder) for name, cm in models])
     cm = CircleModel(builder, serialize(builder), ExportReport())
     if verify:
         cm.check()

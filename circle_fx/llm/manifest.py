@@ -158,6 +158,22 @@ def one_file_entries(builder) -> dict:
             "signatures": {"dispatch": 0, **SUBGRAPHS}}
 
 
+#: the input choosing each entry point's bucket (a bucket of length n runs when it is < n)
+BUCKET_SELECTORS = {"prefill": "last_index", "decode": "position"}
+
+
+def buckets_entry(builder, part: str, lengths: list) -> dict:
+    """``prefill.buckets`` / ``decode.buckets`` (version 2): the bucket lengths (ascending, the
+    last = prefill_len / max_seq_len), the input that picks one in the graph and each bucket's
+    subgraph. Nothing for the host to do: it binds and reads the entry point's inputs and outputs
+    as without buckets (a prefill bucket's K/V outputs are padded to prefill_len rows)."""
+    if len(lengths) == 1:
+        return {"lengths": list(lengths), "selector": BUCKET_SELECTORS[part], "subgraphs": [SUBGRAPHS[part]]}
+    names = {g.name: k + 1 for k, g in enumerate(builder.subgraphs)}
+    return {"lengths": list(lengths), "selector": BUCKET_SELECTORS[part],
+            "subgraphs": [names[f"{part}_{n}"] for n in lengths]}
+
+
 def config_json(model) -> str:
     """``config.json``: the model's transformers config (what ONE's runner reads: num_hidden_layers,
     hidden_size, num_attention_heads, vocab_size, max_position_embeddings, bos/eos_token_id)."""
