@@ -10,6 +10,10 @@ false}`` (the bool input choosing the entry point), ``"signatures"``; ``prefill`
 ``entry``, every prefill input, every decode input; outputs: every prefill output, then every
 decode output). Bind every input once; after a run read only the outputs of the entry point run.
 Version 1 (still read): ``prefill.circle`` and ``decode.circle``, a session each, as below.
+Buckets (version 2, absent in packages written before them = one bucket each): ``prefill.buckets`` /
+``decode.buckets`` = ``{"lengths", "selector", "subgraphs"}``: the entry point is an IF chain over
+models of those prompt lengths / cache rows, chosen in the graph by ``last_index`` / ``position``
+(the smallest that holds it); the host does nothing different (docs/llm-package.md "Buckets").
 
 Schema (``format: "circle_fx.llm"``, ``version: 1``; version 2 as said above)::
 
