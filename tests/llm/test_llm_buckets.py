@@ -22,12 +22,12 @@ BUCKETS = {"decode": [8, 16], "prefill": [4]}  # decode 8/16/24, prefill 4/8
 
 def test_bucket_lengths():
     # auto: powers of 4 below the totals; small packages (every other test's) get one bucket each
-    assert bucket_lengths("auto", 4096, 512) == ([256, 1024, 4096], [8, 32, 128, 512])
-    assert bucket_lengths("auto", 2048, 2048) == ([256, 1024, 2048], [8, 32, 128, 512, 2048])
+    assert bucket_lengths("auto", 4096, 512) == ([256, 1024, 4096], [32, 128, 512])
+    assert bucket_lengths("auto", 2048, 2048) == ([256, 1024, 2048], [32, 128, 512, 2048])
     assert bucket_lengths("auto", 256, 128) == ([256], [128])
     assert bucket_lengths("auto", 128, 128) == ([128], [128])
     assert bucket_lengths("off", 4096, 512) == ([4096], [512]) == bucket_lengths(None, 4096, 512)
-    assert bucket_lengths({"decode": [100, 10]}, 400, 300) == ([10, 100, 400], [8, 32, 128, 300])
+    assert bucket_lengths({"decode": [100, 10]}, 400, 300) == ([10, 100, 400], [32, 128, 300])
     assert bucket_lengths({"decode": "off", "prefill": [64, 256]}, 4096, 256) == ([4096], [64, 256])
     for bad in ({"decode": [0]}, {"decode": [5000]}, {"prefill": ["x"]}, {"dec": [4]}, "on", 3):
         with pytest.raises(InputError):
