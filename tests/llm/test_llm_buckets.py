@@ -14,7 +14,7 @@ import circle_fx
 from circle_fx.errors import InputError
 from circle_fx.llm import LLMRunner
 from circle_fx.llm.export import bucket_lengths
-from llm_models import generates_like_transformers, tiny
+from llm_models import generates_like_transformers, greedy_reference, tiny
 
 S, P = 24, 8
 BUCKETS = {"decode": [8, 16], "prefill": [4]}  # decode 8/16/24, prefill 4/8
@@ -35,92 +35,75 @@ def test_bucket_lengths():
 
 
 @pytest.fixture(scope="module")
-def packages(tmp_path_factory):
+def package(tmp_path_factory):
     model = tiny("llama")
     model.config.use_cache = model.generation_config.use_cache = True
-    out = {}
-    for name, b in (("buckets", BUCKETS), ("single", "off")):
-        d = str(tmp_path_factory.mktemp(name))
-        circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None, buckets=b).save(d)
-        out[name] = d
-    return model, out
+    d = str(tmp_path_factory.mktemp("buckets"))
+    circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None, buckets=BUCKETS).save(d)
+    return model, d
 
 
-def test_buckets_generate_like_transformers_across_boundaries(packages):
-    model, d = packages
-    m = LLMRunner(d["buckets"]).manifest
+def test_buckets_generate_like_transformers_across_boundaries(package):
+    model, d = package
+    m = LLMRunner(d).manifest
     assert m["decode"]["buckets"]["lengths"] == [8, 16, 24] and m["prefill"]["buckets"]["lengths"] == [4, 8]
-    # prompts ending in both prefill buckets and in decode steps; generation crosses positions 8 and 16
+    assert m["decode"]["buckets"]["selector"] == "position" and m["prefill"]["buckets"]["selector"] == "last_index"
+    # prompts ending in both prefill buckets and in decode steps; generation crosses positions 8 and 16;
+    # through the prefill and through decode steps only, logits within greedy_reference's tolerance
     prompts = ([5, 17, 9], [5, 17, 9, 33, 42, 100, 7], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
-    ref = generates_like_transformers  # noqa: F841  (the same comparison as every family's)
-    from llm_models import greedy_reference
-
-    greedy_reference().assert_generates_like_transformers(LLMRunner(d["buckets"]), model, prompts, S - 10)
-    a, b = LLMRunner(d["buckets"]), LLMRunner(d["single"])
-    for ids in prompts:
-        ta, la = a.generate(ids, S - len(ids), eos_token_ids=[], return_logits=True)
-        tb, lb = b.generate(ids, S - len(ids), eos_token_ids=[], return_logits=True)
-        assert ta == tb
-        assert max(float(np.abs(x - y).max()) for x, y in zip(la, lb)) < 1e-4
+    greedy_reference().assert_generates_like_transformers(LLMRunner(d), model, prompts, S - 10)
 
 
-def test_a_step_reads_only_its_bucket(packages):
-    """NaN in the cache rows 8..23: a step at position 5 runs the 8-row bucket and never reads them
-    (finite logits, equal to the clean cache's); at position 12 the 16-row bucket reads rows 8..15
-    (NaN) but not 16..23; the single-bucket package reads every row (NaN at position 5 too)."""
-    _, d = packages
-    clean = {}
-    for name in ("buckets", "single"):
-        r = LLMRunner(d[name])
-        r.run_prefill([5, 17, 9, 33, 42])
-        clean[name] = r.step(7, 5).copy()
-        for c in r.caches.values():
-            c[:, :, 16:, :] = np.nan
-        x16 = r.step(7, 5).copy()
-        for c in r.caches.values():
-            c[:, :, 8:, :] = np.nan
-        x8 = r.step(7, 5).copy()
-        if name == "buckets":
-            assert np.isfinite(x8).all() and np.allclose(x8, clean[name], atol=1e-5)
-            assert np.isfinite(x16).all()
-            for c in r.caches.values():
-                c[:, :, 8:16, :] = 0.0  # rows 8..15 clean, 16..23 NaN: position 12 runs the 16-row bucket
-            assert np.isfinite(r.step(7, 12)).all()
-        else:
-            assert np.isnan(x8).all() and np.isnan(x16).all()
-    np.testing.assert_allclose(clean["buckets"], clean["single"], atol=1e-5)
+def test_a_step_reads_only_its_bucket(package):
+    """NaN in cache rows 8..23: a step at position 5 runs the 8-row bucket and never reads them
+    (finite logits, equal to the clean cache's), while any step that read them would be NaN (the
+    masked rows' scores are NaN, and 0 x NaN in the value product too); at position 12 the 16-row
+    bucket reads rows 8..15 but not 16..23."""
+    _, d = package
+    r = LLMRunner(d)
+    r.run_prefill([5, 17, 9, 33, 42])
+    clean = r.step(7, 5).copy()
+    for c in r.caches.values():
+        c[:, :, 8:, :] = np.nan
+    np.testing.assert_allclose(r.step(7, 5), clean, atol=1e-5)
+    assert np.isnan(r.step(7, 8)).all()  # position 8 runs the 16-row bucket, which reads the NaN rows
+    for c in r.caches.values():
+        c[:, :, 8:16, :] = 0.0
+    assert np.isfinite(r.step(7, 12)).all()
+    assert np.isnan(r.step(7, 16)).all()  # the full bucket
 
 
-def test_a_short_prompt_computes_only_its_prefill_bucket(packages):
-    """The 4-id bucket pads its K/V outputs with zeros past its length (the 8-id prefill computes
-    the padding's rows): it ran, and only it."""
-    _, d = packages
-    for name in ("buckets", "single"):
-        r = LLMRunner(d[name])
-        r.run_prefill([5, 17, 9])
-        m = r.manifest
-        rows = r.prefill.output(r._pout[m["prefill"]["cache_writes"][0]["output"]])
-        assert rows.shape[2] == P
-        assert (np.abs(rows[:, :, 4:, :]).max() == 0) == (name == "buckets")
-        assert np.abs(rows[:, :, :3, :]).max() > 0
+def test_a_short_prompt_computes_only_its_prefill_bucket(package):
+    """A 3-id prompt runs the 4-id bucket, whose K/V outputs are zeros past its length; a 5-id
+    prompt runs the 8-id bucket, which computes the padding's rows too."""
+    _, d = package
+    r = LLMRunner(d)
+    out = r._pout[r.manifest["prefill"]["cache_writes"][0]["output"]]
+    for n, zeros_from in ((3, 4), (5, None)):
+        r.run_prefill([5, 17, 9, 33, 42][:n])
+        rows = r.prefill.output(out)
+        assert rows.shape[2] == P and np.abs(rows[:, :, :n, :]).max() > 0
+        assert (np.abs(rows[:, :, 4:, :]).max() == 0) == (zeros_from == 4)
 
 
-def test_package_without_bucket_entries_loads(packages, tmp_path):
-    """A version-2 package written before buckets (no ``buckets`` in its manifest) still generates."""
+def test_package_without_bucket_entries_loads(package, tmp_path):
+    """A version-2 package written before buckets (no ``buckets`` in its manifest) is driven as before."""
     import shutil
 
-    _, d = packages
+    _, d = package
     old = str(tmp_path / "old")
-    shutil.copytree(d["single"], old)
+    shutil.copytree(d, old)
     path = os.path.join(old, "manifest.json")
     m = json.load(open(path))
     for part in ("prefill", "decode"):
         m[part].pop("buckets")
     json.dump(m, open(path, "w"))
-    assert LLMRunner(old).generate([5, 17, 9], 4, eos_token_ids=[]) == \
-        LLMRunner(d["single"]).generate([5, 17, 9], 4, eos_token_ids=[])
+    assert LLMRunner(old).prefill_buckets == [P]
+    assert LLMRunner(old).generate([5, 17, 9], 8, eos_token_ids=[]) == LLMRunner(d).generate([5, 17, 9], 8,
+                                                                                              eos_token_ids=[])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma3", "lfm2"])
 def test_bucketed_families_generate_like_transformers(family, tmp_path):
     """Sliding-window layers (Gemma 3, window 6 < the 8-row bucket) and a conv state (LFM2: no
