@@ -53,12 +53,15 @@ def load() -> str:
 
 def export(model, directory, max_seq_len, buckets, quantize):
     from circle_fx.llm import export_llm
+    from circle_fx.llm.export import STAGES
 
     t, c = time.perf_counter(), time.process_time()
     pkg = export_llm(model, max_seq_len, min(512, max_seq_len), buckets=buckets, quantize=quantize)
     pkg.save(directory)
     return {"export_s": time.perf_counter() - t, "export_cpu_s": time.process_time() - c,
-            "mib": os.path.getsize(os.path.join(directory, "model.circle")) / 2**20, "load": load()}
+            "mib": os.path.getsize(os.path.join(directory, "model.circle")) / 2**20, "load": load(),
+            "capture_cpu_s": STAGES.get("capture", (0, 0))[1],
+            "buckets": [pkg.manifest[p]["buckets"]["lengths"] for p in ("decode", "prefill")]}
 
 
 def measure(directory):
@@ -106,6 +109,8 @@ def main():
     fmt = lambda v: "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"  # noqa: E731
     print(f"\nwork dir {work}; quantize {args.quantize or 'float32'}; {args.rounds} interleaved rounds, "
           f"load average (1 min) {min(loads):.1f}-{max(loads):.1f}")
+    print("export: " + "; ".join(f"{k} {info[k].get('buckets')} capture CPU {info[k].get('capture_cpu_s', 0):.0f} s"
+                                 for k in packages))
     print("| package | export s (CPU s) | model.circle MiB | " + " | ".join(f"TTFT {n} ms" for n in PROMPTS) + " | "
           + " | ".join(f"decode @{p} ms" for p in POSITIONS) + " |")
     print("|---" * (3 + len(PROMPTS) + len(POSITIONS)) + "|")

@@ -121,6 +121,16 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     return cm
 
 
+def entry_buckets(models: list, selector: str, bounds: list, names: list):
+    """Several exported models of the same inputs and outputs as ONE entry point of
+    :func:`entry_points`: model ``k`` runs when input ``selector`` is below ``bounds[k]``, the last
+    one otherwise (an IF chain, :class:`~circle_fx.emit.entry_points.Buckets`); ``names``: their
+    subgraphs' names."""
+    from .emit.entry_points import Buckets
+
+    return Buckets(selector, list(bounds), [cm.builder for cm in models], list(names))
+
+
 def entry_points(models: list, verify: bool = True) -> CircleModel:
     """One Circle model holding two exported models as entry points ``[(name, CircleModel), ...]``:
     a subgraph and a SignatureDef each, every distinct constant buffer stored once, and subgraph

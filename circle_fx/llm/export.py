@@ -471,10 +471,7 @@ def _entry(part: str, models: list, lengths: list, selector: str):
     selector < lengths[k]: position < cache rows, last_index < prompt length)."""
     if len(models) == 1:
         return part, models[0]
-    from ..emit.entry_points import Buckets
-
-    return part, Buckets(selector, list(lengths[:-1]), [m.builder for m in models],
-                         [f"{part}_{n}" for n in lengths])
+    return part, api.entry_buckets(models, selector, lengths[:-1], [f"{part}_{n}" for n in lengths])
 
 
 @contextlib.contextmanager
