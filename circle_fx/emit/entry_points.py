@@ -78,11 +78,20 @@ def _key(buf):
     return tuple((p.__array_interface__["data"][0], p.nbytes, p.dtype.str) for p in buf.parts)
 
 
+def _same_memory(arr):
+    """A key equal for two buffers that are the same memory (one weight array that several entry
+    points read: export_llm shares its weight cache), so it is merged without hashing its bytes
+    once per entry point (an LLM package with buckets has up to 8); None for anything else."""
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous or arr.nbytes == 0:
+        return None
+    return (arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str)
+
+
 def _union_buffers(builders, extra: list) -> tuple[list, list[dict], list[int]]:
     """Every builder's constant buffers and the ``extra`` arrays in one list, each distinct one
     once: ``(buffers, maps, extra indices)`` with ``maps[k][old index] = new index``. Metadata
     buffers are left out (the caller writes one)."""
-    flat, stacked = [None], {}
+    flat, stacked, same = [None], {}, {}
     maps = []
     for b in builders:
         meta = set(b.metadata.values())
@@ -99,6 +108,12 @@ def _union_buffers(builders, extra: list) -> tuple[list, list[dict], list[int]]:
                     flat.append(arr)
                 m[i] = stacked[k]
             else:
+                k = _same_memory(arr)
+                if k is not None and k in same:  # the same array read by another entry point
+                    m[i] = same[k]
+                    continue
+                if k is not None:
+                    same[k] = len(flat)
                 m[i] = len(flat)
                 flat.append(arr)
         maps.append(m)
