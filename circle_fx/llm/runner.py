@@ -178,7 +178,7 @@ class LLMRunner:
         if self.recompute:  # a decode step runs a whole max_seq_len window: never cheaper
             return True
         n = min(prompt_len, self.prefill_len)
-        rows = min(b for b in self.prefill_buckets if b >= n)
+        rows = min((b for b in self.prefill_buckets if b >= n), default=self.prefill_len)
         cost = self.PREFILL_COST_FIXED + self.PREFILL_COST_PER_ROW * rows
         return n >= cost
 
