@@ -8,7 +8,8 @@
 Per package: export wall/CPU time and file size; then, interleaved over ``--rounds`` rounds, one fresh
 process per package and round (onert + numpy only) measuring TTFT(n) = ``generate(n ids, 1 new token)``
 (the runner picks prefill or decode steps by cost, as ``circle-fx generate`` does) for n = 8/32/128/512,
-and decode ms/step at positions 100/1000/4000 (median of 5 steps from there; the step's cost does not
+after one warm-up decode step and prefill (the first call of a session faults in every weight page:
+a cold start, not the prompt's cost), and decode ms/step at positions 100/1000/4000 (median of 5 steps from there; the step's cost does not
 depend on the cache's contents). Medians over rounds are printed with the load average.
 
     python benchmarks/llm_buckets.py [--rounds 2] [--quantize int8-weights] [--reuse DIR]
@@ -31,6 +32,7 @@ RUN = """import sys, time, json, statistics
 from circle_fx.llm.runner import LLMRunner
 r = LLMRunner(sys.argv[1])
 out = {"ttft": {}, "step": {}}
+r.step(5, 0); r.run_prefill([5])  # warm: the first call of a session pays page faults of every weight (mmap)
 for n in (8, 32, 128, 512):
     if n > r.max_seq_len - 1:
         continue
