@@ -368,11 +368,28 @@ def _export_cached(model, spec, rope_op, quantize):
             return None, None
         if not spec.prefill_pads:  # conv / recurrent state: a bucket would pad the prompt
             spec.prefill_buckets = [spec.prefill_len]
-        decode = [_capture_decode_bucket(model, spec, rows, (ids1, pos, caches), names, decode_pipe, quantize, limits,
-                                         weights) for rows in spec.decode_buckets[:-1]] + [decode]
-        prefill = [_capture_prefill(model, spec, prefill_pipe, quantize, weights, bucket=n)
-                   for n in spec.prefill_buckets[:-1]] + [_capture_prefill(model, spec, prefill_pipe, quantize, weights)]
+        full_prefill = _capture_prefill(model, spec, prefill_pipe, quantize, weights)
+        try:
+            decode = [_capture_decode_bucket(model, spec, rows, (ids1, pos, caches), names, decode_pipe, quantize,
+                                             limits, weights) for rows in spec.decode_buckets[:-1]] + [decode]
+        except (ModelError, CaptureError, InputError) as e:  # the full step works: keep it alone
+            _no_buckets(spec, "decode", e)
+            decode = [decode]
+        try:
+            prefill = [_capture_prefill(model, spec, prefill_pipe, quantize, weights, bucket=n)
+                       for n in spec.prefill_buckets[:-1]] + [full_prefill]
+        except (ModelError, CaptureError, InputError) as e:
+            _no_buckets(spec, "prefill", e)
+            prefill = [full_prefill]
         return decode, prefill
+
+
+def _no_buckets(spec, part: str, error) -> None:
+    """A bucket the model's code cannot be captured at: the package keeps one ``part`` (as with
+    ``buckets="off"``), exact as before, and says why."""
+    warnings.warn(f"export_llm: no {part} buckets ({getattr(spec, part + '_buckets')}): a bucket's capture failed: "
+                  f"{(str(error).splitlines() or [''])[0]}", stacklevel=3)
+    setattr(spec, f"{part}_buckets", [spec.max_seq_len if part == "decode" else spec.prefill_len])
 
 
 def _export_recompute(model, spec, rope_op, quantize):

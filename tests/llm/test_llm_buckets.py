@@ -112,3 +112,23 @@ def test_bucketed_families_generate_like_transformers(family, tmp_path):
                                     buckets=BUCKETS, prompts=([5, 17, 9], [5, 17, 9, 33, 42, 100, 7, 8, 9]), new=12)
     assert m["decode"]["buckets"]["lengths"] == [8, 16, 24]
     assert m["prefill"]["buckets"]["lengths"] == ([8] if family == "lfm2" else [4, 8])
+
+
+def test_a_bucket_that_cannot_be_captured_leaves_one_entry_point(monkeypatch, tmp_path):
+    """If the model's code fails in a bucket's capture (and not in the full step's), the package keeps the
+    full decode step alone, warns, and still generates transformers' tokens."""
+    from circle_fx.errors import CaptureError
+    from circle_fx.llm import export as ex
+
+    def fail(*a, **k):
+        raise CaptureError("bucket capture failed (test)")
+
+    monkeypatch.setattr(ex, "_capture_decode_bucket", fail)
+    model = tiny("llama")
+    with pytest.warns(UserWarning, match="no decode buckets"):
+        pkg = circle_fx.export_llm(model, max_seq_len=16, prefill_len=4, tokenizer=None, buckets={"decode": [8]})
+    assert pkg.manifest["decode"]["buckets"]["lengths"] == [16]
+    r = pkg.runner(str(tmp_path / "p"))
+    want = model.generate(__import__("torch").tensor([[5, 17, 9]]), max_new_tokens=6, do_sample=False,
+                          eos_token_id=None)[0].tolist()
+    assert r.generate([5, 17, 9], 6, eos_token_ids=[]) == want
