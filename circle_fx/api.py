@@ -121,14 +121,25 @@ def lower(program: Program, *, passes=None, external_weights=None, report: Expor
     return cm
 
 
+def entry_buckets(models: list, selector: str, bounds: list, names: list):
+    """Several exported models of the same inputs and outputs as ONE entry point of
+    :func:`entry_points`: model ``k`` runs when input ``selector`` is below ``bounds[k]``, the last
+    one otherwise (an IF chain, :class:`~circle_fx.emit.entry_points.Buckets`); ``names``: their
+    subgraphs' names."""
+    from .emit.entry_points import Buckets
+
+    return Buckets(selector, list(bounds), [cm.builder for cm in models], list(names))
+
+
 def entry_points(models: list, verify: bool = True) -> CircleModel:
     """One Circle model holding two exported models as entry points ``[(name, CircleModel), ...]``:
     a subgraph and a SignatureDef each, every distinct constant buffer stored once, and subgraph
     0 an IF on a bool ``entry`` input that runs the first (True) or the second (False), so one
-    onert 0.1.0 session serves both (circle_fx/emit/entry_points.py says how and why)."""
-    from .emit.entry_points import dispatch
+    onert 0.1.0 session serves both (circle_fx/emit/entry_points.py says how and why). An entry
+    point may be a :class:`~circle_fx.emit.entry_points.Buckets` of builders (an IF chain)."""
+    from .emit.entry_points import Buckets, dispatch
 
-    builder = dispatch([(name, cm.builder) for name, cm in models])
+    builder = dispatch([(name, cm if isinstance(cm, Buckets) else cm.builder) for name, cm in models])
     cm = CircleModel(builder, serialize(builder), ExportReport())
     if verify:
         cm.check()

@@ -38,7 +38,7 @@ def tiny_llama_factory():
 
 
 def generates_like_transformers(model, directory, prompts=([5, 17, 9], [5, 17, 9, 33, 42, 100, 7]), new=6,
-                                max_seq_len=16, prefill_len=4, atol=1e-4):
+                                max_seq_len=16, prefill_len=4, atol=1e-4, buckets="auto"):
     """export_llm ``model``, then for each prompt generate ``new`` greedy tokens with
     ``LLMRunner.generate`` in onert, through the prefill model and through decode steps only,
     and assert transformers' ``model.generate`` picks the same tokens from the same logits
@@ -47,7 +47,7 @@ def generates_like_transformers(model, directory, prompts=([5, 17, 9], [5, 17, 9
 
     model.config.use_cache = True
     model.generation_config.use_cache = True
-    pkg = circle_fx.export_llm(model, max_seq_len=max_seq_len, prefill_len=prefill_len, tokenizer=None)
+    pkg = circle_fx.export_llm(model, max_seq_len=max_seq_len, prefill_len=prefill_len, tokenizer=None, buckets=buckets)
     pkg.save(directory)
     greedy_reference().assert_generates_like_transformers(pkg.runner(), model, prompts, new, logit_tol=atol)
     return pkg.manifest

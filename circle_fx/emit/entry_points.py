@@ -78,11 +78,20 @@ def _key(buf):
     return tuple((p.__array_interface__["data"][0], p.nbytes, p.dtype.str) for p in buf.parts)
 
 
+def _same_memory(arr):
+    """A key equal for two buffers that are the same memory (one weight array that several entry
+    points read: export_llm shares its weight cache), so it is merged without hashing its bytes
+    once per entry point (an LLM package with buckets has up to 8); None for anything else."""
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous or arr.nbytes == 0:
+        return None
+    return (arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str)
+
+
 def _union_buffers(builders, extra: list) -> tuple[list, list[dict], list[int]]:
     """Every builder's constant buffers and the ``extra`` arrays in one list, each distinct one
     once: ``(buffers, maps, extra indices)`` with ``maps[k][old index] = new index``. Metadata
     buffers are left out (the caller writes one)."""
-    flat, stacked = [None], {}
+    flat, stacked, same = [None], {}, {}
     maps = []
     for b in builders:
         meta = set(b.metadata.values())
@@ -99,6 +108,12 @@ def _union_buffers(builders, extra: list) -> tuple[list, list[dict], list[int]]:
                     flat.append(arr)
                 m[i] = stacked[k]
             else:
+                k = _same_memory(arr)
+                if k is not None and k in same:  # the same array read by another entry point
+                    m[i] = same[k]
+                    continue
+                if k is not None:
+                    same[k] = len(flat)
                 m[i] = len(flat)
                 flat.append(arr)
         maps.append(m)
@@ -123,17 +138,51 @@ def _unique(name: str, taken: set) -> str:
     return out
 
 
-def dispatch(entries: list[tuple[str, ModelBuilder]]) -> DispatchBuilder:
-    """The one-file model of two entry points ``[(name, builder), ...]``; the first runs when
-    the ``entry`` input is True. The builders are not modified."""
+@dataclass
+class Buckets:
+    """One entry point served by several builders of the same inputs and outputs (names, shapes,
+    types): bucket ``k`` runs when the run-time value of input ``selector`` is below
+    ``bounds[k]`` (ascending), the last one otherwise. An LLM package's decode cache-length buckets
+    (selector ``position``: a step at position 100 reads 256 cache rows, not 4096) and prefill
+    lengths (selector ``last_index``). In the file: a chain of subgraphs ``LESS(selector, bound)
+    -> IF(then bucket k, else the rest)``, which onert 0.1.0 runs exactly (docs/onert-findings.md,
+    "IF chain over cache-length buckets"); the buckets' weights are stored once like every other
+    shared buffer. ``names``: each bucket's subgraph name (its SignatureDef key)."""
+
+    selector: str
+    bounds: list
+    builders: list
+    names: list
+
+    @property
+    def interface(self) -> ModelBuilder:
+        return self.builders[-1]
+
+
+class _Same(dict):
+    """The buffer map of a graph already numbered in the file's buffer list."""
+
+    def get(self, key, default=None):
+        return key
+
+
+def dispatch(entries: list) -> DispatchBuilder:
+    """The one-file model of two entry points ``[(name, builder or Buckets), ...]``; the first
+    runs when the ``entry`` input is True. The builders are not modified."""
     if len(entries) != 2:
         raise ValueError(f"dispatch takes two entry points (one IF), got {len(entries)}")
-    (a_name, a), (b_name, b) = entries
+    sides = [(name, e if isinstance(e, Buckets) else Buckets("", [], [e], [name])) for name, e in entries]
+    (a_name, a_b), (b_name, b_b) = sides
+    a, b = a_b.interface, b_b.interface
+    leaves = [*a_b.builders, *b_b.builders]
+    bounds = [np.array([v], np.int32) for _, bk in sides for v in bk.bounds]
     # the zeros each branch puts in the other's output slots: the decode shapes (then branch),
     # one element (else branch); stored with the weights, so equal bytes are one buffer
     slot_shapes = [(list(b.tensors[i].shape), b.tensors[i].type) for i in b.outputs] + \
         [([1] * len(a.tensors[i].shape), a.tensors[i].type) for i in a.outputs]
-    buffers, maps, zero_idx = _union_buffers([a, b], [np.zeros(sh, CIRCLE_TO_NUMPY[t]) for sh, t in slot_shapes])
+    buffers, leaf_maps, extra_idx = _union_buffers(leaves, [np.zeros(sh, CIRCLE_TO_NUMPY[t]) for sh, t in slot_shapes]
+                                                    + bounds)
+    zero_idx, bound_idx = extra_idx[:len(slot_shapes)], extra_idx[len(slot_shapes):]
     mb = DispatchBuilder(buffers=buffers)
     zeros = {(tuple(sh), t): k for (sh, t), k in zip(slot_shapes, zero_idx)}
 
@@ -170,7 +219,20 @@ def dispatch(entries: list[tuple[str, ModelBuilder]]) -> DispatchBuilder:
             ins, outs = ins + extra_in, outs + extra_out
         return EntryGraph(name, tensors, ops, ins, outs, in_names, out_names)
 
-    mb.subgraphs = [branch(a_name, a, maps[0], b_name, b, True), branch(b_name, b, maps[1], a_name, a, False)]
+    # each side: its one builder, or the root of its bucket chain (its other nodes and its
+    # buckets are subgraphs 3.. after the two roots)
+    extra_graphs, roots, k_leaf, k_bound = [], [], 0, 0
+    for name, bk in sides:
+        maps = leaf_maps[k_leaf:k_leaf + len(bk.builders)]
+        k_leaf += len(bk.builders)
+        if len(bk.builders) == 1:
+            roots.append((bk.interface, maps[0]))
+            continue
+        graphs = [_leaf(n, own, m) for n, own, m in zip(bk.names, bk.builders, maps)]
+        roots.append((_chain(bk, graphs, bound_idx[k_bound:k_bound + len(bk.bounds)], extra_graphs), _Same()))
+        k_bound += len(bk.bounds)
+    mb.subgraphs = [branch(a_name, roots[0][0], roots[0][1], b_name, b, True),
+                    branch(b_name, roots[1][0], roots[1][1], a_name, a, False), *extra_graphs]
 
     # subgraph 0: entry (bool [1]) + every input of both -> IF -> every output slot of both
     mb.tensors.append(TensorInfo(ENTRY_INPUT, [1], TT.BOOL))
@@ -199,3 +261,52 @@ def dispatch(entries: list[tuple[str, ModelBuilder]]) -> DispatchBuilder:
     mb.buffers.append(np.frombuffer(data, np.uint8).copy())
     mb.metadata[LIMITS_METADATA] = len(mb.buffers) - 1
     return mb
+
+
+def _leaf(name: str, own: ModelBuilder, bmap: dict) -> EntryGraph:
+    """A bucket's subgraph: ``own`` with its buffers numbered in the file's list."""
+    tensors = [replace(t, buffer=bmap.get(t.buffer, 0), shape=list(t.shape)) for t in own.tensors]
+    ops = [replace(op, inputs=list(op.inputs), outputs=list(op.outputs)) for op in own.operators]
+    return EntryGraph(name, tensors, ops, list(own.inputs), list(own.outputs), list(own.input_names),
+                      list(own.output_names))
+
+
+def _chain(bk: Buckets, leaves: list, bound_buffers: list, extra: list) -> EntryGraph:
+    """The chain of IF nodes choosing among ``leaves`` (see :class:`Buckets`); node 0 is returned
+    (the side's root, subgraph 1 or 2), the other nodes and every leaf are appended to ``extra``,
+    whose subgraph indices start at 3."""
+    # subgraph indices: nodes 1..n-1 (node 0 is the root, placed by the caller), then the leaves
+    first, n_nodes = 3 + len(extra), len(leaves) - 1
+
+    def node_index(j):
+        return first + j - 1
+
+    def leaf_index(k):
+        return first + n_nodes - 1 + k
+
+    iface = bk.interface
+    nodes = []
+    for j in range(n_nodes):
+        tensors = [TensorInfo(n, list(iface.tensors[i].shape), iface.tensors[i].type,
+                              0, iface.tensors[i].shape_signature, iface.tensors[i].quantization)
+                   for i, n in zip(iface.inputs, iface.input_names)]
+        ins = list(range(len(tensors)))
+        tensors += [TensorInfo(n, list(iface.tensors[i].shape), iface.tensors[i].type, 0,
+                               iface.tensors[i].shape_signature, iface.tensors[i].quantization)
+                    for i, n in zip(iface.outputs, iface.output_names)]
+        outs = list(range(len(ins), len(tensors)))
+        if bk.selector not in iface.input_names:
+            raise ValueError(f"bucket selector {bk.selector!r} is not an input of the entry point ({iface.input_names})")
+        sel = ins[iface.input_names.index(bk.selector)]
+        tensors.append(TensorInfo(f"{bk.selector}.bound", [1], TT.INT32, bound_buffers[j]))
+        tensors.append(TensorInfo(f"{bk.selector}.below", [1], TT.BOOL))
+        less = OperatorInfo(BO.LESS, [sel, len(tensors) - 2], [len(tensors) - 1])
+        opts = circle.IfOptions.IfOptionsT()
+        opts.thenSubgraphIndex = leaf_index(j)
+        opts.elseSubgraphIndex = leaf_index(j + 1) if j == n_nodes - 1 else node_index(j + 1)
+        ops = [less, OperatorInfo(BO.IF, [len(tensors) - 1, *ins], outs, opts)]
+        nodes.append(EntryGraph(f"{bk.names[j]}.chain", tensors, ops, ins, outs, list(iface.input_names),
+                                list(iface.output_names)))
+    extra.extend(nodes[1:])
+    extra.extend(leaves)
+    return nodes[0]

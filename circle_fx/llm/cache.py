@@ -354,13 +354,18 @@ class DecodeStep(torch.nn.Module):
     """One token: ``(input_ids [1,1], position [1], key_cache_0, value_cache_0, conv_cache_1, ...)``
     -> ``{"logits": [1,1,V], "key_0": [1,Hkv,1,D], "value_0": ..., "conv_1": next state, ...}``."""
 
-    def __init__(self, model, spec, past_length_input: bool = True, in_place: bool | None = None):
+    def __init__(self, model, spec, past_length_input: bool = True, in_place: bool | None = None,
+                 rows: int | None = None):
         super().__init__()
         self.model, self.spec = model, spec
         # True: GraphCache.get_seq_length answers ``position``; False: 0 (see there)
         self.past_length_input = past_length_input
         self.in_place = spec.kv_in_place if in_place is None else in_place
-        S = spec.max_seq_len
+        # a cache-length bucket (export_llm's decode buckets): the step takes the whole
+        # max_seq_len caches (every bucket of the package binds the same buffers) but reads
+        # only their first ``rows`` rows (a STRIDED_SLICE), so a step at a position < rows
+        # attends over rows + 1 keys instead of max_seq_len + 1; exact for those positions
+        self.bucket = S = spec.max_seq_len if rows is None else rows
         C = spec.attention_chunk or 1
         # Key slot j is position j for the cache rows 0..S-1. The new row is appended as slot S
         # (a CONCATENATION, the default), or, when the model's attention depends on the key's
@@ -381,6 +386,8 @@ class DecodeStep(torch.nn.Module):
 
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
+        if self.bucket < spec.max_seq_len:
+            caches = [t[:, :, :self.bucket, :] if c.carry == AT_POSITION else t for c, t in zip(spec.caches, caches)]
         write_at = (self.rows == position).view(1, 1, -1, 1) if self.in_place else None
         cache = GraphCache(L, {c.key: t for c, t in zip(spec.caches, caches)},
                            position if self.past_length_input else 0, write_at=write_at)
@@ -403,10 +410,14 @@ class Prefill(torch.nn.Module):
     ``length=max_seq_len`` and no states it is also the decode model of a package that
     recomputes (:attr:`~circle_fx.llm.export.LLMSpec.recompute`)."""
 
-    def __init__(self, model, spec, length: int | None = None):
+    def __init__(self, model, spec, length: int | None = None, pad_to: int | None = None):
         super().__init__()
         self.model, self.spec = model, spec
         P = length or spec.prefill_len
+        # a prefill bucket (export_llm's prefill buckets): it takes ``pad_to`` ids (the package's
+        # longest prefill, so every bucket has the same inputs and outputs and one IF chain
+        # switches them), computes only the first P, and pads its K/V rows back to ``pad_to``
+        self.length, self.pad_to = P, pad_to
         self.register_buffer("positions", torch.arange(P, dtype=torch.int32).view(1, P), persistent=False)
         q = torch.arange(P).view(P, 1)
         k = torch.arange(P).view(1, P)
@@ -427,8 +438,15 @@ class Prefill(torch.nn.Module):
         return logits, cache
 
     def forward(self, input_ids, last_index):
+        if self.pad_to is not None and self.pad_to > self.length:
+            input_ids = input_ids[:, :self.length]
         logits, cache = self.run_cache(input_ids, last_index)
-        return _outputs(logits, cache, self.spec)
+        out = _outputs(logits, cache, self.spec)
+        if self.pad_to is not None and self.pad_to > self.length:
+            for c in self.spec.caches:
+                if c.carry == AT_POSITION:
+                    out[c.output] = torch.nn.functional.pad(out[c.output], (0, 0, 0, self.pad_to - self.length))
+        return out
 
 
 def _outputs(logits, cache: GraphCache, spec) -> dict:

@@ -45,7 +45,8 @@ def cmd_export_llm(args) -> int:
     if args.calibration:
         quantize = _calibrated(quantize, model, tokenizer, args.calibration)
     pkg = export_llm(model, args.max_seq_len, args.prefill_len, rope_op=not args.no_rope, quantize=quantize,
-                     tokenizer=tokenizer)
+                     tokenizer=tokenizer, buckets={"decode": _buckets(args.decode_buckets),
+                                                   "prefill": _buckets(args.prefill_buckets)})
     checked = None
     if args.check:
         checked = _check(pkg, model, args.check) if quantize is None else _check_quantized(pkg, model, args.check)
@@ -56,7 +57,8 @@ def cmd_export_llm(args) -> int:
     print(f"wrote {args.output}: model.circle ({pkg.model.size:,} bytes: prefill and decode entry points, "
           f"each weight once), config.json, manifest.json, {text}; max_seq_len {m['max_seq_len']}, "
           f"prefill_len {m['prefill_len']}, {m['model']['num_layers']} layers, "
-          f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}")
+          f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}; decode buckets "
+          f"{m['decode']['buckets']['lengths']} cache rows, prefill buckets {m['prefill']['buckets']['lengths']} ids")
     for line in quant_options.override_report(pkg.decode):
         print(line)
     if isinstance(checked, list):
@@ -231,6 +233,16 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _buckets(value: str):
+    """``--decode-buckets`` / ``--prefill-buckets``: "auto", "off" or lengths "256,1024"."""
+    if value in ("auto", "off"):
+        return value
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"bucket lengths must be 'auto', 'off' or comma-separated integers, got {value!r}") from None
+
+
 def add_commands(sub) -> None:
     e = sub.add_parser("export-llm", help="export a transformers causal LM as prefill + KV-cache decode models")
     e.add_argument("model", metavar="MODEL", help="a save_pretrained checkpoint directory, a .gguf file, or "
@@ -239,6 +251,14 @@ def add_commands(sub) -> None:
     e.add_argument("--max-seq-len", type=int, default=512, help="KV cache positions per layer (default 512)")
     e.add_argument("--prefill-len", type=int, default=None, help="prompt length of the prefill model "
                    "(default: max-seq-len; longer prompts continue through decode)")
+    e.add_argument("--decode-buckets", default="auto", metavar="auto|off|N,N,...",
+                   help="decode steps over these cache lengths (sharing the weights; the graph picks the "
+                        "smallest that holds the position), so a step costs its position, not max-seq-len. "
+                        "auto (default): 256, 1024, 4096, ... below max-seq-len when it is > 256")
+    e.add_argument("--prefill-buckets", default="auto", metavar="auto|off|N,N,...",
+                   help="prefill models of these prompt lengths (sharing the weights; the graph picks the "
+                        "smallest that holds the prompt). auto (default): 32, 128, ... below prefill-len "
+                        "when it is >= 256. Each bucket costs one more capture at export")
     e.add_argument("--tokenizer", default=None, help="tokenizer.json or a directory with one (default: the "
                    "checkpoint's own)")
     e.add_argument("--no-rope", action="store_true", help="keep RoPE decomposed in the decode model")

@@ -77,6 +77,12 @@ class LLMSpec:
     #: carrying a cache (None: it carries one). Exact for a causal model (checked); costs a
     #: ``max_seq_len``-token forward per new token. See :func:`export_llm`.
     recompute: str | None = None
+    #: the decode step's ``get_seq_length`` answers the run-time position (see :func:`_capture_decode`)
+    decode_length_input: bool = True
+    #: cache-length buckets of the decode step / prompt lengths of the prefill, ascending, the
+    #: last = ``max_seq_len`` / ``prefill_len`` (:func:`bucket_lengths`); one length = no buckets
+    decode_buckets: list = field(default_factory=list)
+    prefill_buckets: list = field(default_factory=list)
 
     def cache_names(self) -> list[str]:
         return [c.name for c in self.caches]
@@ -196,8 +202,72 @@ def _capture_decode(model, spec, args, input_names, pipeline, quantize, limits, 
     why = decode_self_check(*checks, past_length_input=length_input)
     if why:
         return None, f"{type(model).__name__}: {why}"
+    spec.decode_length_input = length_input
     return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program,
                     checkpoint=_checkpoint(model)), None
+
+
+def _capture_decode_bucket(model, spec, rows, args, input_names, pipeline, quantize, limits, weight_cache):
+    """The decode step of one cache-length bucket (:class:`DecodeStep` ``rows``): the same inputs
+    as the full step, captured as it was (``spec.decode_length_input``); not re-checked in eager:
+    a bucket computes the full step's function for positions < ``rows`` (its masks hide the rows
+    it drops), which the tests check against transformers."""
+    step = DecodeStep(model, spec, past_length_input=spec.decode_length_input, rows=rows)
+    with _stage("capture"):
+        program = api.capture(step, args)
+    return _capture(None, args, input_names, pipeline, quantize, limits, weight_cache, program=program,
+                    checkpoint=_checkpoint(model))
+
+
+#: ``buckets="auto"``: decode cache-length buckets 256, 1024, 4096, ... below ``max_seq_len``
+#: (when it is > 256), prefill lengths 32, 128, ... below ``prefill_len`` (when it is >= 256):
+#: powers of 4, so a step or prompt computes at most 4x what it needs, and each bucket costs a
+#: capture at export (measured, benchmarks/README.md "llm_buckets"). No 8-id prefill bucket:
+#: on SmolLM2-135M it prefilled 8 ids no faster than the 32-id bucket does (the weights are read
+#: once per call either way), so it would only cost export time. Small packages (every test's)
+#: get one bucket of each.
+AUTO_DECODE, AUTO_PREFILL = (256, 257), (32, 256)
+
+
+def _powers(first: int, total: int) -> list[int]:
+    out, b = [], first
+    while b < total:
+        out.append(b)
+        b *= 4
+    return out + [total]
+
+
+def bucket_lengths(buckets, max_seq_len: int, prefill_len: int) -> tuple[list[int], list[int]]:
+    """``(decode, prefill)`` bucket lengths, each ascending and ending with ``max_seq_len`` /
+    ``prefill_len``. ``buckets``: ``"auto"`` (:data:`AUTO_DECODE`), ``None`` / ``"off"`` (one of
+    each, as before buckets existed), or ``{"decode": [...], "prefill": [...]}`` (either key may
+    be missing or "auto" / "off"; lengths above the total are refused)."""
+    def one(value, total, first, start, what):
+        if value in (None, "off"):
+            return [total]
+        if value == "auto":
+            return _powers(first, total) if total >= start else [total]
+        try:
+            lengths = sorted({int(v) for v in value})
+        except (TypeError, ValueError):
+            raise InputError(f"{what} buckets must be 'auto', 'off' or a list of lengths, got {value!r}") from None
+        if not lengths or lengths[0] < 1 or lengths[-1] > total:
+            raise InputError(f"{what} bucket lengths must be in 1..{total}, got {value!r}")
+        return lengths if lengths[-1] == total else lengths + [total]
+
+    if buckets is None or isinstance(buckets, str):
+        if buckets not in (None, "auto", "off"):
+            raise InputError(f"buckets must be 'auto', 'off', None or a dict, got {buckets!r}")
+        decode = prefill = buckets
+    elif isinstance(buckets, dict):
+        unknown = set(buckets) - {"decode", "prefill"}
+        if unknown:
+            raise InputError(f"buckets takes the keys 'decode' and 'prefill', got {sorted(unknown)}")
+        decode, prefill = buckets.get("decode", "auto"), buckets.get("prefill", "auto")
+    else:
+        raise InputError(f"buckets must be 'auto', 'off', None or a dict, got {buckets!r}")
+    return (one(decode, max_seq_len, AUTO_DECODE[0], AUTO_DECODE[1], "decode"),
+            one(prefill, prefill_len, AUTO_PREFILL[0], AUTO_PREFILL[1], "prefill"))
 
 
 def _pipelines(rope_op: bool):
@@ -209,14 +279,17 @@ def _pipelines(rope_op: bool):
     return decode_pipe, prefill_pipe
 
 
-def _capture_prefill(model, spec, pipeline, quantize, weight_cache, length: int | None = None):
-    """A :class:`Prefill` model of ``length`` ids (default ``prefill_len``)."""
+def _capture_prefill(model, spec, pipeline, quantize, weight_cache, length: int | None = None,
+                     bucket: int | None = None):
+    """A :class:`Prefill` model of ``length`` ids (default ``prefill_len``); ``bucket``: a prefill
+    bucket computing only its first ``bucket`` ids of ``prefill_len`` (``Prefill.pad_to``)."""
     n = length or spec.prefill_len
     args = (torch.zeros(1, n, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
-    limits = {"max_seq_len": spec.max_seq_len, "inputs": {"last_index": {"index_range": [0, n - 1]}}}
+    limits = {"max_seq_len": spec.max_seq_len, "inputs": {"last_index": {"index_range": [0, (bucket or n) - 1]}}}
     if length is None:
         limits["prefill_len"] = n
-    return _capture(Prefill(model, spec, length=length), args, ["input_ids", "last_index"], pipeline, quantize,
+    wrapper = Prefill(model, spec, length=length) if bucket is None else Prefill(model, spec, length=bucket, pad_to=n)
+    return _capture(wrapper, args, ["input_ids", "last_index"], pipeline, quantize,
                     limits, weight_cache, checkpoint=_checkpoint(model))
 
 
@@ -286,14 +359,37 @@ def _export_cached(model, spec, rope_op, quantize):
         caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
         ids1, pos = torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
         weights = {}  # both programs read the same parameters: each weight quantized once, stored once in memory
-        decode, why = _capture_decode(model, spec, (ids1, pos, caches), ["input_ids", "position", *spec.cache_names()],
-                                      decode_pipe, quantize,
-                                      {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}, weights,
+        names = ["input_ids", "position", *spec.cache_names()]
+        limits = {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}
+        decode, why = _capture_decode(model, spec, (ids1, pos, caches), names, decode_pipe, quantize, limits, weights,
                                       checks)
         if decode is None:
             spec.recompute = why
             return None, None
-        return decode, _capture_prefill(model, spec, prefill_pipe, quantize, weights)
+        if not spec.prefill_pads:  # conv / recurrent state: a bucket would pad the prompt
+            spec.prefill_buckets = [spec.prefill_len]
+        full_prefill = _capture_prefill(model, spec, prefill_pipe, quantize, weights)
+        try:
+            decode = [_capture_decode_bucket(model, spec, rows, (ids1, pos, caches), names, decode_pipe, quantize,
+                                             limits, weights) for rows in spec.decode_buckets[:-1]] + [decode]
+        except (ModelError, CaptureError, InputError) as e:  # the full step works: keep it alone
+            _no_buckets(spec, "decode", e)
+            decode = [decode]
+        try:
+            prefill = [_capture_prefill(model, spec, prefill_pipe, quantize, weights, bucket=n)
+                       for n in spec.prefill_buckets[:-1]] + [full_prefill]
+        except (ModelError, CaptureError, InputError) as e:
+            _no_buckets(spec, "prefill", e)
+            prefill = [full_prefill]
+        return decode, prefill
+
+
+def _no_buckets(spec, part: str, error) -> None:
+    """A bucket the model's code cannot be captured at: the package keeps one ``part`` (as with
+    ``buckets="off"``), exact as before, and says why."""
+    warnings.warn(f"export_llm: no {part} buckets ({getattr(spec, part + '_buckets')}): a bucket's capture failed: "
+                  f"{(str(error).splitlines() or [''])[0]}", stacklevel=3)
+    setattr(spec, f"{part}_buckets", [spec.max_seq_len if part == "decode" else spec.prefill_len])
 
 
 def _export_recompute(model, spec, rope_op, quantize):
@@ -313,7 +409,7 @@ def _export_recompute(model, spec, rope_op, quantize):
 
 
 def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_op: bool = True,
-               eos_token_ids=None, quantize=None, tokenizer="auto") -> LLMPackage:
+               eos_token_ids=None, quantize=None, tokenizer="auto", buckets="auto") -> LLMPackage:
     """Export ``model`` (a transformers ``…ForCausalLM``, float32) as a prefill model and a
     decode-step model with an explicit KV cache of ``max_seq_len`` positions per layer.
 
@@ -329,6 +425,12 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     ``tokenizer.json`` with the chat template (``LLMRunner.generate_text``); ``"auto"`` takes
     the one saved next to the model's weights if the model was loaded from such a directory,
     ``None`` stores none (ids only). The generation config is stored in any case.
+    ``buckets``: several decode steps over cache lengths (and prefill models over prompt lengths)
+    sharing every weight in ``model.circle``, chosen in the graph by the position / the prompt's
+    last index (an IF chain), so a step or a prompt costs what it uses rather than
+    ``max_seq_len`` / ``prefill_len`` (:func:`bucket_lengths`: ``"auto"`` = powers of 4 from 256
+    cache rows / 32 ids, one bucket for small packages; ``"off"``; or the lengths). Each bucket is
+    one more capture at export time.
     Returns an :class:`LLMPackage` (``.save(dir)``, ``.runner()``).
 
     A model that cannot carry a cache through the decode model — its forward takes none (GPT-1,
@@ -347,6 +449,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     STAGES.clear()
     with model_errors(model):
         spec = model_spec(model, max_seq_len, prefill_len)
+    spec.decode_buckets, spec.prefill_buckets = bucket_lengths(buckets, spec.max_seq_len, spec.prefill_len)
     text, assets = text_assets(default_tokenizer(model) if isinstance(tokenizer, str) and tokenizer == "auto" else tokenizer, model)
     training = model.training
     model.eval()
@@ -362,10 +465,15 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
                           f"{spec.recompute}", stacklevel=2)
             with model_errors(model):
                 decode, prefill = _export_recompute(model, spec, rope_op, plan)
+            spec.decode_buckets, spec.prefill_buckets = [spec.max_seq_len], [spec.prefill_len]
+            decode, prefill = [decode], [prefill]
     finally:
         model.train(training)
-    # one file: both entry points as subgraphs sharing every weight, one onert session (emit/entry_points.py)
-    one = api.entry_points([("prefill", prefill), ("decode", decode)])
+    # one file: both entry points as subgraphs sharing every weight, one onert session (emit/entry_points.py);
+    # an entry point with buckets is an IF chain over them on its selector input
+    one = api.entry_points([_entry("prefill", prefill, spec.prefill_buckets, "last_index"),
+                            _entry("decode", decode, spec.decode_buckets, "position")])
+    decode, prefill = decode[-1], prefill[-1]  # the full-length ones: the entry points' interface
     manifest = build_manifest(model, spec, decode, prefill, eos_token_ids, one=one)
     legacy = build_manifest(model, spec, decode, prefill, eos_token_ids)  # LLMPackage.save(layout="two")
     for m in (manifest, legacy):
@@ -373,6 +481,14 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         m["text"] = text
     assets = {**assets, mf.CONFIG_FILE: mf.config_json(model)}
     return LLMPackage(manifest, decode=decode, prefill=prefill, assets=assets, model=one, legacy=legacy)
+
+
+def _entry(part: str, models: list, lengths: list, selector: str):
+    """``(part, CircleModel)``, or ``(part, Buckets)`` of several (bucket k runs when the
+    selector < lengths[k]: position < cache rows, last_index < prompt length)."""
+    if len(models) == 1:
+        return part, models[0]
+    return part, api.entry_buckets(models, selector, lengths[:-1], [f"{part}_{n}" for n in lengths])
 
 
 @contextlib.contextmanager
@@ -442,7 +558,11 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None, on
     }
     if one is not None:
         out.update(mf.one_file_entries(one.builder))
+        lengths = {"prefill": spec.prefill_buckets or [spec.prefill_len], "decode": spec.decode_buckets or [spec.max_seq_len]}
         for part in ("prefill", "decode"):
             out[part].pop("file")
             out[part]["subgraph"] = mf.SUBGRAPHS[part]
+            out[part]["buckets"] = mf.buckets_entry(one.builder, part, lengths[part])
+            if len(lengths[part]) > 1:  # the full-length bucket's subgraph (the root is an IF chain)
+                out[part]["subgraph"] = out[part]["buckets"]["subgraphs"][-1]
     return out

@@ -10,6 +10,10 @@ false}`` (the bool input choosing the entry point), ``"signatures"``; ``prefill`
 ``entry``, every prefill input, every decode input; outputs: every prefill output, then every
 decode output). Bind every input once; after a run read only the outputs of the entry point run.
 Version 1 (still read): ``prefill.circle`` and ``decode.circle``, a session each, as below.
+Buckets (version 2, absent in packages written before them = one bucket each): ``prefill.buckets`` /
+``decode.buckets`` = ``{"lengths", "selector", "subgraphs"}``: the entry point is an IF chain over
+models of those prompt lengths / cache rows, chosen in the graph by ``last_index`` / ``position``
+(the smallest that holds it); the host does nothing different (docs/llm-package.md "Buckets").
 
 Schema (``format: "circle_fx.llm"``, ``version: 1``; version 2 as said above)::
 
@@ -156,6 +160,22 @@ def one_file_entries(builder) -> dict:
     """The top-level manifest keys of a one-file package (version 2)."""
     return {"file": MODEL_FILE, "config": CONFIG_FILE, "entry": dict(ENTRY),
             "signatures": {"dispatch": 0, **SUBGRAPHS}}
+
+
+#: the input choosing each entry point's bucket (a bucket of length n runs when it is < n)
+BUCKET_SELECTORS = {"prefill": "last_index", "decode": "position"}
+
+
+def buckets_entry(builder, part: str, lengths: list) -> dict:
+    """``prefill.buckets`` / ``decode.buckets`` (version 2): the bucket lengths (ascending, the
+    last = prefill_len / max_seq_len), the input that picks one in the graph and each bucket's
+    subgraph. Nothing for the host to do: it binds and reads the entry point's inputs and outputs
+    as without buckets (a prefill bucket's K/V outputs are padded to prefill_len rows)."""
+    if len(lengths) == 1:
+        return {"lengths": list(lengths), "selector": BUCKET_SELECTORS[part], "subgraphs": [SUBGRAPHS[part]]}
+    names = {g.name: k + 1 for k, g in enumerate(builder.subgraphs)}
+    return {"lengths": list(lengths), "selector": BUCKET_SELECTORS[part],
+            "subgraphs": [names[f"{part}_{n}"] for n in lengths]}
 
 
 def config_json(model) -> str:

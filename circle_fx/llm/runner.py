@@ -93,6 +93,9 @@ class LLMRunner:
         self._writes = [(w["output"], w["cache"], w.get("carry", "position")) for w in m["decode"]["cache_writes"]]
         # a model with conv / recurrent states prefills exact prompts only (manifest prefill.pads)
         self.prefill_pads = m["prefill"].get("pads", True)
+        # prompt lengths the prefill computes (manifest prefill.buckets; older packages: prefill_len):
+        # the graph picks the bucket by last_index, the host only needs the lengths for its cost estimate
+        self.prefill_buckets = list((m["prefill"].get("buckets") or {}).get("lengths") or [self.prefill_len])
         # bound once; later only written in place. A package that recomputes (manifest
         # decode.recompute) takes the whole window of ids and the position to read the logits at
         self.recompute = bool(m["decode"].get("recompute"))
@@ -170,11 +173,14 @@ class LLMRunner:
 
     def prefill_pays(self, prompt_len: int) -> bool:
         """Is one (padded) prefill call cheaper than feeding the prompt's first
-        ``prefill_len`` tokens as decode steps? A short prompt in a long prefill model is not."""
+        ``prefill_len`` tokens as decode steps? A short prompt in a long prefill model is not;
+        with prefill buckets the call computes the smallest bucket that holds the prompt."""
         if self.recompute:  # a decode step runs a whole max_seq_len window: never cheaper
             return True
-        cost = self.PREFILL_COST_FIXED + self.PREFILL_COST_PER_ROW * self.prefill_len
-        return min(prompt_len, self.prefill_len) >= cost
+        n = min(prompt_len, self.prefill_len)
+        rows = min((b for b in self.prefill_buckets if b >= n), default=self.prefill_len)
+        cost = self.PREFILL_COST_FIXED + self.PREFILL_COST_PER_ROW * rows
+        return n >= cost
 
     def generate(self, input_ids, max_new_tokens: int, eos_token_ids=None, return_logits: bool = False,
                  use_prefill: bool | None = None, **sampling):

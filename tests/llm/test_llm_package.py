@@ -196,6 +196,8 @@ def test_auto_prefill_choice(saved):
     r.prefill_len = 128  # the cost rule only (prefill ~ 5 + 0.08 * 128 = 15 decode steps)
     assert not r.prefill_pays(1) and not r.prefill_pays(14)
     assert r.prefill_pays(16) and r.prefill_pays(128) and r.prefill_pays(500)
+    r.prefill_buckets = [8, 32, 128]  # prefill buckets: the call computes the smallest that holds the prompt
+    assert r.prefill_pays(8) and not r.prefill_pays(5) and r.prefill_pays(14)
 
 
 def test_rope_op_false_keeps_rope_decomposed(saved, tmp_path):
