@@ -39,6 +39,7 @@ def cmd_export_llm(args) -> int:
     if args.calibration and quantize is None:
         raise InputError("--calibration weights a --quantize preset's Q4_0 scales; pass --quantize too")
     model, tokenizer = _load(args.model, lazy=not (args.calibration or args.check))  # those run it in eager
+    model, tokenizer = _for_calibration(args, quantize, model, tokenizer)
     if args.tokenizer:
         tokenizer = args.tokenizer
     if args.calibration:
@@ -60,6 +61,24 @@ def cmd_export_llm(args) -> int:
         print(f"--check: onert and transformers generate the same {checked} greedy tokens "
               "(prompt through prefill, and through decode steps)")
     return 0
+
+
+def _for_calibration(args, quantize, model, tokenizer):
+    """A streamed (weightless) checkpoint read whole when ``--quantize``'s data-free calibration
+    wants to run it and it is small enough (:func:`circle_fx.quant.datafree.calibrates_in_memory`);
+    a larger one stays streamed (its export then says it was not calibrated)."""
+    from ..quant import resolve_quantize
+    from ..quant.datafree import _weightless, calibrates_in_memory
+
+    cfg = resolve_quantize(quantize)
+    if cfg is None or not cfg.wants_calibration or args.calibration or not _weightless(model):
+        return model, tokenizer
+    params = sum(p.numel() for p in model.parameters())
+    if not calibrates_in_memory(params):
+        print(f"calibration: none: {params / 1e6:.0f}M parameters are streamed from the checkpoint (no float copy); "
+              "q4_0 scales get the plain search (--calibration TEXT_FILE reads the model whole to calibrate)")
+        return model, tokenizer
+    return _load(args.model, lazy=False)
 
 
 #: calibration text is cut into sequences of this many tokens, at most ``CALIBRATION_TOKENS`` in all
@@ -97,6 +116,7 @@ def _calibrated(quantize, model, tokenizer, files):
     chunks = [ids[i:i + CALIBRATION_CHUNK] for i in range(0, len(ids), CALIBRATION_CHUNK)]
     samples = [{"input_ids": torch.tensor([c]), "use_cache": False} for c in chunks if c]
     importance = activation_importance(model, samples)
+    importance.source = f"{len(ids)} tokens of --calibration {', '.join(files)}"
     print(f"calibration: {len(ids)} tokens from {len(files)} file(s): Q4_0 scales weighted by "
           f"activation importance")
     return replace(resolve_quantize(quantize), importance=importance)
