@@ -126,7 +126,7 @@ MODES = [
 
 
 def _calibrated_on(cm) -> str:
-    """What the file's Q4_0 scales were weighted by: "generated" (data-free), "text" (the calibration
+    """What the file's Q4_0 scales were weighted by: "data-free", "text" (the calibration
     topics), "none", or "" for a mode without Q4_0."""
     record = cm.report.quantization
     if record is None or not record.calibration_lines():
@@ -134,7 +134,7 @@ def _calibrated_on(cm) -> str:
     imp = record.config.importance
     if imp is None:
         return "none"
-    return "generated" if "generated" in (getattr(imp, "source", "") or "") else "text"
+    return "data-free" if "data-free" in (getattr(imp, "source", "") or "") else "text"
 
 
 def _with_importance(mode: Mode, importance) -> Mode:

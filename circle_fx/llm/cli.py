@@ -221,8 +221,8 @@ def add_commands(sub) -> None:
                    help="with --quantize: text like the model's inputs (repeatable; not the text you evaluate "
                         f"on; up to {CALIBRATION_TOKENS} tokens are used): each Q4_0 block's scale minimises "
                         "its error weighted by the mean square of the linear's input columns on it "
-                        "(activation importance) instead of the default data-free calibration (ids the model "
-                        "generates itself; a checkpoint of more than 600M parameters is streamed and gets none)")
+                        "(activation importance) instead of the default data-free calibration (the model run on "
+                        "seeded random ids; a checkpoint of more than 600M parameters is streamed and gets none)")
     e.add_argument("--check", type=int, nargs="?", const=16, default=0, metavar="N",
                    help="before writing, generate N (default 16) greedy tokens in onert and in transformers "
                         "and fail unless they are the same")

@@ -34,7 +34,7 @@ LM_HEAD_AUTO = "auto"
 #: (0.5x), dequantize-then-CONV_2D 3700-4000 ms; at one row (decode) the two kernels are even.
 BLOCKS_FROM_ROWS = 16
 SENSITIVE_LINEARS = ("*.mlp.down_proj", "*.mlp.c_proj", "*.fc2", "*.feed_forward.w2", "*.mlp.dense_4h_to_h")
-#: ``QuantConfig.calibration``'s default: Q4_0 importance from text the model generates itself
+#: ``QuantConfig.calibration``'s default: Q4_0 importance from the model run on seeded random ids
 #: (:mod:`circle_fx.quant.datafree`) when no ``importance`` is given and the model is in memory
 CALIBRATION_AUTO = "auto"
 #: shorthand strings accepted by ``export(..., quantize=...)`` and ``--quantize``, and what they mean
@@ -95,7 +95,7 @@ class QuantConfig:
       Q8_0 and int8 ignore it (their rounding is fine enough); a Q4_0 linear it has no values for
       gets the plain search, listed by ``summary()``.
     - ``calibration``: where Q4_0 importance comes from when ``importance`` is None. ``"auto"``
-      (``CALIBRATION_AUTO``): data-free, from text the model generates itself
+      (``CALIBRATION_AUTO``): data-free, from the model run on 2 x 128 seeded random token ids
       (:mod:`circle_fx.quant.datafree`: a few seconds for a 135M model), run by the export when a
       linear is Q4_0 and the model is a transformers causal LM in memory; a weightless model
       (weights streamed from a checkpoint by ``export_llm``) or any other model gets the plain

@@ -1,33 +1,31 @@
-"""Data-free calibration: Q4_0 importance from token ids the model generates itself.
+"""Data-free calibration: Q4_0 importance with no calibration text.
 
 ``quantize="q4_0"`` with no calibration text still weights each Q4_0 block's scale by what each
-input column of the linear carries (:mod:`circle_fx.quant.importance`). The ids come from the
-model (:func:`generated_importance`): ``SEQUENCES`` x ``TOKENS`` seeded random ids after the BOS
-token, every one replaced by a sample of the model's own next-token prediction at the position
-before it (one forward pass), then a second forward pass with forward pre-hooks on every
-``nn.Linear`` averages ``x^2`` per input column (the hooks observe, change nothing and are removed
-afterwards). Two forward passes of 512 tokens: the export of SmolLM2-135M takes a few seconds
-longer (benchmarks/README.md). Sampling token by token with the KV cache would be real text,
-but its 128 sequential steps took 400 s on this (loaded) 2-core machine, and measured no better.
+input column of the linear carries (:mod:`circle_fx.quant.importance`). :func:`datafree_importance`
+runs the model on ``SEQUENCES`` x ``TOKENS`` seeded random token ids after its BOS token, with
+forward pre-hooks on every ``nn.Linear`` averaging ``x^2`` per input column (the hooks observe,
+change nothing and are removed afterwards). ``passes > 1`` first replaces every id by a sample of
+the model's own next-token prediction at the position before it (``passes - 1`` times: text the
+model generates itself, sampled in parallel).
 
-Why ids of the model's own making rather than a built-in corpus:
+Which input, measured on SmolLM2-135M (every linear Q4_0, lm_head Q8_0, perplexity of 512 tokens
+of pydoc "execmodel" with the file's dequantized weights; plain search +16.8 %, importance from four
+other pydoc topics +1.9 %): random ids 2 x 256 +4.0 % / +5.2 % (seeds 0 / 1), 2 x 128 +4.2 %; the
+model's own samples (passes 2) 2 x 256 +4.1 %, 2 x 128 +4.9 %, 2 x 64 +5.6 %; real token-by-token
+generation with the KV cache, 4 x 128, no better (and its 128 sequential steps took 400 s on this
+loaded 2-core machine). So the default is the cheapest: random ids, one pass over 256 tokens
+(about half a 512-token forward; the export of SmolLM2 about 1.3x the plain one). What any input
+captures is the few input columns whose activations are tens of times larger than the rest, a
+property of the trained weights; what it misses is the text's domain (the calibrated row's lead).
 
-- it needs no tokenizer: a model given to ``circle_fx.export(model, ids)`` comes without one, and
-  a GGUF checkpoint (SmolLM2's) has no ``tokenizer.json`` next to it;
-- it is in the model's own vocabulary and distribution, whatever language it was trained on,
-  rather than English prose picked by us;
-- it cannot overlap an evaluation text (benchmarks/quant_accuracy.py evaluates on pydoc
-  "execmodel"; its calibrated row uses four other pydoc topics).
+Why not a built-in corpus: it needs a tokenizer, and a model given to ``circle_fx.export(model, ids)``
+comes without one (a GGUF checkpoint, SmolLM2's, has no ``tokenizer.json`` next to it); random ids
+are in every model's vocabulary and cannot overlap an evaluation text.
 
-What the importance mostly captures, the few input columns with activations tens of times larger
-than the rest, is a property of the trained weights that any input exercises; what it misses is
-the text's domain: measured on SmolLM2-135M (lm_head Q8_0, every linear Q4_0, 512 tokens of
-"execmodel"): plain +16.8 % perplexity, this default +4.1 %, calibrated on pydoc text +1.9 %.
-
-:func:`generated_importance` returns ``(Importance, None)`` or ``(None, why)`` when the model is
-no causal LM it can run on ids (no ``prepare_inputs_for_generation``/``config.vocab_size``, a
-weightless model whose weights are streamed from a checkpoint, or its forward fails): the
-export then uses the plain Q4_0 scale search and ``summary()`` says why.
+:func:`datafree_importance` returns ``(Importance, None)`` or ``(None, why)`` when the model is no
+causal LM it can run on ids (no ``prepare_inputs_for_generation``/``config.vocab_size``, a
+weightless model whose weights are streamed from a checkpoint, or its forward fails): the export
+then uses the plain Q4_0 scale search and ``summary()`` says why.
 """
 from __future__ import annotations
 
@@ -38,9 +36,10 @@ from torch import nn
 
 #: sequences in one batch, and tokens per sequence
 SEQUENCES = 2
-TOKENS = 256
-#: forward passes (see :func:`generated_importance`)
-PASSES = 2
+TOKENS = 128
+#: forward passes (see :func:`datafree_importance`): 1 measures seeded random ids, cheapest and measured
+#: as good as the model's own samples (benchmarks/README.md "The q4_0 default")
+PASSES = 1
 #: sampling: temperature 1 from the ``TOP_K`` most likely tokens (keeps a small model off junk)
 TOP_K = 50
 SEED = 0
@@ -75,16 +74,13 @@ def _weightless(model: nn.Module) -> bool:
     return any(p.is_meta or is_lazy(p) or (p.numel() > 1 and not any(p.stride())) for p in model.parameters())
 
 
-def generated_importance(model: nn.Module, sequences: int = SEQUENCES, tokens: int = TOKENS,
+def datafree_importance(model: nn.Module, sequences: int = SEQUENCES, tokens: int = TOKENS,
                          passes: int = PASSES, seed: int = SEED):
-    """``(Importance, None)`` from ``sequences`` x ``tokens`` tokens of the model's own making (names
-    relative to ``model``), or ``(None, reason)``. ``Importance.source`` says what it was calibrated on.
-
-    The text is sampled in parallel, not token by token (a token-by-token loop of 512 tokens took
-    400 s on SmolLM2-135M on this 2-core machine, the whole export 30 s): the sequences start as
-    seeded random ids after the BOS token; each of ``passes - 1`` forward passes replaces every
-    token by a sample (top-``TOP_K``) of the model's prediction at the position before it, and the
-    last pass is the one measured. ``passes=1`` measures the random ids themselves."""
+    """``(Importance, None)`` from ``sequences`` x ``tokens`` data-free token ids (names relative to
+    ``model``), or ``(None, reason)``; ``Importance.source`` says what it was calibrated on. The ids
+    start as seeded random ids after the BOS token; each of ``passes - 1`` forward passes replaces
+    every one by a sample (top-``TOP_K``) of the model's prediction at the position before it; the
+    last pass is the one measured."""
     from .importance import LinearStats
 
     lm = causal_lm(model)
@@ -94,6 +90,9 @@ def generated_importance(model: nn.Module, sequences: int = SEQUENCES, tokens: i
         return None, "its weights are streamed from the checkpoint (no float copy to run)"
     cfg = lm.config
     vocab = cfg.vocab_size
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if isinstance(limit, int) and limit > 1:  # learned position tables end there
+        tokens = min(tokens, limit)
     start = cfg.bos_token_id if isinstance(cfg.bos_token_id, int) and 0 <= cfg.bos_token_id < vocab else None
     gen = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
@@ -120,9 +119,8 @@ def generated_importance(model: nn.Module, sequences: int = SEQUENCES, tokens: i
         model.train(training)
     imp = stats.importance(samples=sequences)
     if imp is None:
-        return None, "no nn.Linear ran on the generated ids"
-    how = ("random token ids" if passes == 1 else
-           f"random token ids resampled {passes - 1}x from the model's own next-token predictions")
-    imp.source = (f"{sequences} x {tokens} tokens the model generated itself (data-free: {how}, "
-                  f"top-{TOP_K}, seed {seed}; {time.perf_counter() - t0:.1f} s)")
+        return None, "no nn.Linear ran on the ids"
+    how = ("seeded random token ids" if passes == 1 else
+           f"random ids resampled {passes - 1}x from the model's own next-token predictions, top-{TOP_K}")
+    imp.source = f"{sequences} x {tokens} data-free tokens ({how}, seed {seed}; {time.perf_counter() - t0:.1f} s)"
     return imp, None

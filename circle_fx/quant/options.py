@@ -18,7 +18,7 @@ def add_arguments(parser, what: str = "") -> None:
                         "per row (activations stay float32; about 1%% error per layer in onert). q8_0 / q4_0: "
                         "linear weights as GGML blocks of 32 (8.5 / 4.5 bits per weight; q4_0 also the "
                         "embedding table, lm_head at q8_0 (--lm-head q4_0 for 4 bits); its Q4_0 scales are weighted "
-                        "by data-free calibration, ids the model generates itself, when the model can be run in "
+                        "by data-free calibration (the model run on seeded random ids) when it can be run in "
                         "memory: the output says on what; q4_0-mix also keeps the MLP output projections and the "
                         "first/last 2 layers at q8_0: more accurate, larger, slower)")
     parser.add_argument("--override", action="append", default=[], metavar="PATTERN=MODE",

@@ -40,9 +40,9 @@ class QuantPlan:
         if cfg is None or not cfg.wants_calibration:
             return self
         if why_not is None:
-            from .datafree import generated_importance
+            from .datafree import datafree_importance
 
-            importance, why_not = generated_importance(model)
+            importance, why_not = datafree_importance(model)
             if importance is not None:
                 return replace(self, weights=replace(cfg, importance=importance))
         return replace(self, weights=replace(cfg, calibration_note=f"not calibrated: {why_not}"))
