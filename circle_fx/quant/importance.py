@@ -47,7 +47,8 @@ class Importance(Mapping):
         #: how many samples / input rows were averaged (None when given directly)
         self.samples, self.rows = samples, rows
         #: what the values were measured on, for ``summary()`` / the CLI (set by whoever measured them)
-        self.source = "given as values" if samples is None else f"{samples} sample(s), {rows} rows"
+        self.source = "values given to QuantConfig(importance=...)" if samples is None else \
+            f"{samples} sample(s), {rows} rows"
 
     def __getitem__(self, name):
         return self._values[name]

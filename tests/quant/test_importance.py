@@ -144,7 +144,8 @@ def test_linears_without_importance_get_the_plain_search_and_are_listed():
     cm = circle_fx.export(model, (ids,), quantize=QuantConfig(weights="q4_0", embedding="q4_0", lm_head="q4_0",
                                                                     importance=imp))
     text = cm.summary()
-    assert "weighted by activation importance: 1 weight(s); none given for 2 (plain search): " in text, text
+    assert "weighted by activation importance: 1 weight(s), calibrated on values given to QuantConfig" in text, text
+    assert "; none given for 2 (plain search): " in text, text
     assert "down" in text.split("none given for")[1]
     wrong = {"up": np.ones(32, np.float32)}
     with pytest.raises(InputError, match="has 32 values but weight 'up.weight' has 64 input columns"):
