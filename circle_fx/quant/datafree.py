@@ -58,6 +58,8 @@ def calibrates_in_memory(params: int) -> bool:
 def causal_lm(model: nn.Module):
     """The transformers causal LM in ``model`` (itself, or the first submodule that is one, for a
     wrapper such as ``ids -> model(ids).logits``), or None."""
+    if not isinstance(model, nn.Module):  # an ExportedProgram, a callable: nothing to hook
+        return None
     for m in (model, *model.modules()):
         cfg = getattr(m, "config", None)
         if hasattr(m, "prepare_inputs_for_generation") and isinstance(getattr(cfg, "vocab_size", None), int):
