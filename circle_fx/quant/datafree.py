@@ -87,7 +87,7 @@ def datafree_importance(model: nn.Module, sequences: int = SEQUENCES, tokens: in
 
     lm = causal_lm(model)
     if lm is None:
-        return None, "not a transformers causal LM (nothing to generate calibration text with)"
+        return None, "not a transformers causal LM (no token ids to run it on)"
     if _weightless(model):
         return None, "its weights are streamed from the checkpoint (no float copy to run)"
     cfg = lm.config
