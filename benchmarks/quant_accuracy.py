@@ -17,6 +17,11 @@ float32 by transformers). Text: the first ``--tokens`` tokens of ``pydoc_data.to
   **greedy = float**: how many of ``--new`` greedy tokens after the chat prompt equal the
   float32 package's tokens.
 
+Issue 33's rows: ``q4_0-plain`` (the q4_0 preset before it: every weight Q4_0, no calibration),
+``q4_0+head8-plain`` (lm_head Q8_0, no calibration), ``q4_0`` (the preset as typed: lm_head Q8_0 and
+data-free calibration, whose cost is inside its **export s**), ``q4_0+imatrix+head8`` (the preset
+calibrated on the calibration topics instead); **calibrated on** says which.
+
 A cell is ``n/a`` with a footnote when onert cannot run the mode on this machine (onert 0.1.0's
 GGML kernels need AVX-512: ``circle_fx/circle/ggml_support.py``). Other helpers add rows by
 appending a :class:`Mode` to ``MODES`` (a name, the ``export`` kwargs, and the ``export_llm``
@@ -55,7 +60,17 @@ def _mixed(name: str, embedding="uint8-rows", lm_head="q8_0", **overrides) -> Mo
     """A mixed GGML mode: Q4_0 linears, ``QuantConfig.overrides`` (pattern -> mode) on top."""
     from circle_fx import QuantConfig
 
-    cfg = QuantConfig(weights="q4_0", embedding=embedding, lm_head=lm_head, overrides=tuple(overrides.items()))
+    cfg = QuantConfig(weights="q4_0", embedding=embedding, lm_head=lm_head, overrides=tuple(overrides.items()),
+                      calibration=None)  # the mixes alone: the plain scale search
+    return Mode(name, {"quantize": cfg}, {"quantize": cfg})
+
+
+def _plain(name: str, preset: str, **changes) -> Mode:
+    """A preset without any calibration (``calibration=None``: the plain Q4_0 scale search)."""
+    from circle_fx import QuantConfig
+    from circle_fx.quant.config import PRESETS
+
+    cfg = QuantConfig(**{**PRESETS[preset], **changes, "calibration": None})
     return Mode(name, {"quantize": cfg}, {"quantize": cfg})
 
 
@@ -84,6 +99,12 @@ MODES = [
     # perplexity forward and the prefill, as Q8_0 blocks: QuantConfig.blocks_from_rows)
     Mode("int8-weights", {"quantize": _int8_rows()}, {"quantize": _int8_rows()}),
     Mode("q8_0", {"quantize": "q8_0"}, {"quantize": "q8_0"}),
+    # every linear and the tied table Q4_0, no calibration: the q4_0 preset before issue 33
+    _plain("q4_0-plain", "q4_0", lm_head="q4_0"),
+    # the preset's lm_head Q8_0, no calibration
+    _plain("q4_0+head8-plain", "q4_0"),
+    # the preset as a user types it: lm_head Q8_0, Q4_0 scales weighted by data-free calibration (text the
+    # model generates itself: circle_fx/quant/datafree.py); "export s" includes the calibration
     Mode("q4_0", {"quantize": "q4_0"}, {"quantize": "q4_0"}),
     # the preset with lm_head, down_proj, layers 0, 1, 28, 29 at Q8_0 (= q4_0+emb4+head8+down8+ends8)
     Mode("q4_0-mix", {"quantize": "q4_0-mix"}, {"quantize": "q4_0-mix"}),
@@ -101,10 +122,24 @@ MODES = [
     _mixed("q4_0+emb4+head8+down8", embedding="q4_0", **{DOWN: "q8_0"}),
     _mixed("q4_0+emb4+head8+down8+ends8", embedding="q4_0", **{p: "q8_0" for p in ENDS}, **{DOWN: "q8_0"}),
     # importance-weighted Q4_0 scales (QuantConfig.importance, from the calibration topics)
-    _calibrated("q4_0+imatrix", "q4_0"),
-    _calibrated("q4_0+imatrix+head8", "q4_0", lm_head="q8_0"),
+    # (the calibrated rows' "export s" leaves out the importance pass over the calibration text: one for all)
+    _calibrated("q4_0+imatrix", "q4_0", lm_head="q4_0"),
+    # the preset calibrated on text instead of data-free: the row the default is measured against
+    _calibrated("q4_0+imatrix+head8", "q4_0"),
     _calibrated("q4_0-mix+imatrix", "q4_0-mix"),
 ]
+
+
+def _calibrated_on(cm) -> str:
+    """What the file's Q4_0 scales were weighted by: "data-free", "text" (the calibration
+    topics), "none", or "" for a mode without Q4_0."""
+    record = cm.report.quantization
+    if record is None or not record.calibration_lines():
+        return ""
+    imp = record.config.importance
+    if imp is None:
+        return "none"
+    return "data-free" if "data-free" in (getattr(imp, "source", "") or "") else "text"
 
 
 def _with_importance(mode: Mode, importance) -> Mode:
@@ -121,8 +156,13 @@ def _export(model, ids, mode: Mode):
 
     if mode.build is not None:
         return mode.build(model, ids)
+    from circle_fx.quant.plan import quant_plan
+
+    kwargs = dict(mode.export_kwargs)
+    if "quantize" in kwargs:  # what export() does first: the preset's data-free calibration, timed with it
+        kwargs["quantize"] = quant_plan(kwargs["quantize"]).calibrated(model)
     program = circle_fx.capture(model, (ids,), example_kwargs={"use_cache": False})
-    return circle_fx.api.lower(program, **mode.export_kwargs), program
+    return circle_fx.api.lower(program, **kwargs), program
 
 
 def _decode(model, mode: Mode, tmp: str, args, prompt_ids):
@@ -199,10 +239,12 @@ def main(argv=None) -> int:
                     from circle_fx.quant import activation_importance
 
                     importance = activation_importance(model, checkpoint.calibration_ids())
+                    importance.source = f"pydoc topics {', '.join(checkpoint.CALIBRATION_TOPICS)}"
                 mode = _with_importance(mode, importance)
             t0 = time.perf_counter()
             cm, program = _export(model, ids, mode)
-            row = {"mode": name, "MB": cm.size / 1e6, "export s": time.perf_counter() - t0}
+            row = {"mode": name, "MB": cm.size / 1e6, "export s": time.perf_counter() - t0,
+                   "calibrated on": _calibrated_on(cm)}
             if program is not None and mode.export_kwargs:
                 with torch.no_grad():
                     graph_logits = program.run(ids)[0]
@@ -230,7 +272,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print("  done:", row, flush=True)
 
-    cols = ["mode", "ppl onert", "ppl graph", "top-1", "top-1 graph", "MB", "decode ms", "greedy = float", "export s"]
+    cols = ["mode", "ppl onert", "ppl graph", "top-1", "top-1 graph", "MB", "decode ms", "greedy = float", "export s",
+            "calibrated on"]
     fp = next((r.get("ppl onert") for r in rows if r["mode"] == "float32"), None)
 
     def cell(r, c):

@@ -49,6 +49,8 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     fully quantized RMS_NORM, which no public runtime runs).
     ``quantize``: ``"int8-weights"`` (or a :class:`circle_fx.QuantConfig`) stores linear weights
     as int8 and embedding tables as uint8, one scale per row; activations stay float32.
+    ``"q4_0"`` of a transformers causal LM first runs the model on 256 seeded random token ids to weight
+    the Q4_0 scales (data-free calibration, ``QuantConfig.calibration``; ``summary()`` says on what).
     ``verify``: check the emitted file with :func:`circle_fx.verify` before returning it
     (a malformed file is a :class:`VerifyError` here, not a crash inside onert later); it
     costs a few percent of the export time (``benchmarks/convert_speed.py``). ``False``
@@ -61,6 +63,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     (prepared) model, kept on the result and printed by ``summary()``.
     """
     plan = quant_plan(quantize, quant_target)  # a bad value fails before the (slow) capture
+    plan = plan.calibrated(model)  # q4_0's data-free importance needs the eager model (quant/plan.py)
     report = ExportReport(quant_report=quant_report)
     with progress_for(verbose) as progress:
         progress.stage("torch.export", 1)

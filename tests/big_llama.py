@@ -115,7 +115,9 @@ _RUNNER = textwrap.dedent("""
 
 def main(out_dir: str, quantize: str = "int8-rows", config: dict | None = None) -> dict:
     """``quantize``: a preset, or ``"int8-rows"``: int8 weights at every row count (the default
-    int8-weights stores these 32-row linears as Q8_0 blocks, ``QuantConfig.blocks_from_rows``)."""
+    int8-weights stores these 32-row linears as Q8_0 blocks, ``QuantConfig.blocks_from_rows``), or
+    ``"q4_0-all"``: every weight Q4_0 (lm_head too) without calibration, the q4_0 preset before
+    issue 33 (the preset keeps lm_head at Q8_0 and calibrates the in-memory model)."""
     import circle_fx
 
     config = {**CONFIG, **(config or {})}
@@ -124,7 +126,9 @@ def main(out_dir: str, quantize: str = "int8-rows", config: dict | None = None) 
     params = sum(p.numel() for p in model.parameters())
     rss_built = current_rss()  # the float model (one copy) plus the interpreter and libraries
     t1 = time.perf_counter()
-    mode = circle_fx.QuantConfig(blocks_from_rows=None) if quantize == "int8-rows" else quantize
+    mode = (circle_fx.QuantConfig(blocks_from_rows=None) if quantize == "int8-rows" else
+            circle_fx.QuantConfig(weights="q4_0", embedding="q4_0", lm_head="q4_0", calibration=None)
+            if quantize == "q4_0-all" else quantize)
     cm = circle_fx.export(model, (ids,), quantize=mode, verbose=False)
     path = cm.save(os.path.join(out_dir, "big.circle"))
     rss_convert = peak_rss()  # before the eager reference: the conversion's own peak

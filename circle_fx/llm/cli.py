@@ -40,6 +40,7 @@ def cmd_export_llm(args) -> int:
     if args.calibration and quantize is None:
         raise InputError("--calibration weights a --quantize preset's Q4_0 scales; pass --quantize too")
     model, tokenizer = _load(args.model, lazy=not (args.calibration or args.check))  # those run it in eager
+    model, tokenizer = _for_calibration(args, quantize, model, tokenizer)
     if args.tokenizer:
         tokenizer = args.tokenizer
     if args.calibration:
@@ -68,6 +69,24 @@ def cmd_export_llm(args) -> int:
         print(f"--check: onert and transformers generate the same {checked} greedy tokens "
               "(prompt through prefill, and through decode steps)")
     return 0
+
+
+def _for_calibration(args, quantize, model, tokenizer):
+    """A streamed (weightless) checkpoint read whole when ``--quantize``'s data-free calibration
+    wants to run it and it is small enough (:func:`circle_fx.quant.datafree.calibrates_in_memory`);
+    a larger one stays streamed (its export then says it was not calibrated)."""
+    from ..quant import resolve_quantize
+    from ..quant.datafree import _weightless, calibrates_in_memory
+
+    cfg = resolve_quantize(quantize)
+    if cfg is None or not cfg.wants_calibration or args.calibration or not _weightless(model):
+        return model, tokenizer
+    params = sum(p.numel() for p in model.parameters())
+    if not calibrates_in_memory(params):
+        print(f"calibration: none: {params / 1e6:.0f}M parameters are streamed from the checkpoint (no float copy); "
+              "q4_0 scales get the plain search (--calibration TEXT_FILE reads the model whole to calibrate)")
+        return model, tokenizer
+    return _load(args.model, lazy=False)
 
 
 #: calibration text is cut into sequences of this many tokens, at most ``CALIBRATION_TOKENS`` in all
@@ -105,6 +124,7 @@ def _calibrated(quantize, model, tokenizer, files):
     chunks = [ids[i:i + CALIBRATION_CHUNK] for i in range(0, len(ids), CALIBRATION_CHUNK)]
     samples = [{"input_ids": torch.tensor([c]), "use_cache": False} for c in chunks if c]
     importance = activation_importance(model, samples)
+    importance.source = f"{len(ids)} tokens of --calibration {', '.join(files)}"
     print(f"calibration: {len(ids)} tokens from {len(files)} file(s): Q4_0 scales weighted by "
           f"activation importance")
     return replace(resolve_quantize(quantize), importance=importance)
@@ -267,8 +287,8 @@ def add_commands(sub) -> None:
                    help="with --quantize: text like the model's inputs (repeatable; not the text you evaluate "
                         f"on; up to {CALIBRATION_TOKENS} tokens are used): each Q4_0 block's scale minimises "
                         "its error weighted by the mean square of the linear's input columns on it "
-                        "(activation importance; measured on SmolLM2-135M, every linear Q4_0: +32 %% -> +10 %% "
-                        "perplexity)")
+                        "(activation importance) instead of the default data-free calibration (the model run on "
+                        "seeded random ids; a checkpoint of more than 600M parameters is streamed and gets none)")
     e.add_argument("--check", type=int, nargs="?", const=16, default=0, metavar="N",
                    help="before writing, generate N (default 16) greedy tokens in onert and in transformers "
                         "and fail unless they are the same. With --quantize: report the first diverging greedy "

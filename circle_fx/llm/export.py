@@ -447,6 +447,10 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
     plan = quant_plan(quantize)  # a bad value fails before the (slow) captures
     STAGES.clear()
+    with _stage("calibration"):  # q4_0's data-free importance: not for a weightless (streamed) model
+        plan = plan.calibrated(model, why_not=None if _checkpoint(model) is None else
+                               "its weights are streamed from the checkpoint as they are packed (no float copy "
+                               "to run); --calibration FILE, or load it in memory, calibrates")
     with model_errors(model):
         spec = model_spec(model, max_seq_len, prefill_len)
     spec.decode_buckets, spec.prefill_buckets = bucket_lengths(buckets, spec.max_seq_len, spec.prefill_len)

@@ -245,7 +245,8 @@ def weights_entry(quantize, decode, prefill) -> dict:
         if k in ("overrides", "skip"):
             return [list(o) if isinstance(o, tuple) else o for o in v]
         if k == "importance":  # the statistics themselves stay out: where they came from
-            return None if v is None else {"samples": v.samples, "rows": v.rows, "names": len(v)}
+            return None if v is None else {"samples": v.samples, "rows": v.rows, "names": len(v),
+                                           "source": getattr(v, "source", None)}
         return v
 
     records = {part: cm.report.quantization for part, cm in (("prefill", prefill), ("decode", decode))}

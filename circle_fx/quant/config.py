@@ -34,13 +34,18 @@ LM_HEAD_AUTO = "auto"
 #: (0.5x), dequantize-then-CONV_2D 3700-4000 ms; at one row (decode) the two kernels are even.
 BLOCKS_FROM_ROWS = 16
 SENSITIVE_LINEARS = ("*.mlp.down_proj", "*.mlp.c_proj", "*.fc2", "*.feed_forward.w2", "*.mlp.dense_4h_to_h")
+#: ``QuantConfig.calibration``'s default: Q4_0 importance from the model run on seeded random ids
+#: (:mod:`circle_fx.quant.datafree`) when no ``importance`` is given and the model is in memory
+CALIBRATION_AUTO = "auto"
 #: shorthand strings accepted by ``export(..., quantize=...)`` and ``--quantize``, and what they mean
 PRESETS = {
     "int8-weights": dict(weights="int8", embedding="uint8-rows"),
     # 8-bit embedding rows: a Q4_0 table would cost more accuracy than every Q8_0 linear together
     "q8_0": dict(weights="q8_0", embedding="uint8-rows"),
-    # every linear and the (tied) table Q4_0: the smallest file and fastest decode (a 3B model about 1.7 GB)
-    "q4_0": dict(weights="q4_0", embedding="q4_0"),
+    # every linear Q4_0 but the lm_head (Q8_0, as llama.cpp keeps ``output.weight`` at Q6_K for Q4_0: alone it
+    # halves the loss, +32 % -> +17.5 % on SmolLM2-135M; a tied table is then stored twice, Q8_0 for the
+    # linear and Q4_0 for GATHER); Q4_0 scales weighted by data-free calibration (CALIBRATION_AUTO)
+    "q4_0": dict(weights="q4_0", embedding="q4_0", lm_head="q8_0"),
     # Q4_0 with the sensitive tensors at Q8_0 (lm_head, MLP output projections, first/last 2 layers):
     # measured on SmolLM2-135M in onert +3.7 % perplexity at 126 MB vs q4_0's +32 % at 77 MB, but
     # decode 0.39x float on the 12-layer 125M benchmark model vs q4_0's 0.32x (benchmarks/README.md)
@@ -89,6 +94,16 @@ class QuantConfig:
       between +31 % and +9 % perplexity with every linear Q4_0 (docs: README "Quantization").
       Q8_0 and int8 ignore it (their rounding is fine enough); a Q4_0 linear it has no values for
       gets the plain search, listed by ``summary()``.
+    - ``calibration``: where Q4_0 importance comes from when ``importance`` is None. ``"auto"``
+      (``CALIBRATION_AUTO``): data-free, from the model run on 2 x 128 seeded random token ids
+      (:mod:`circle_fx.quant.datafree`: a few seconds for a 135M model), run by the export when a
+      linear is Q4_0 and the model is a transformers causal LM in memory; a weightless model
+      (weights streamed from a checkpoint by ``export_llm``) or any other model gets the plain
+      search, and ``summary()`` says why. None: never calibrate (the plain search, ggml's bytes
+      where they are best). Measured on SmolLM2-135M (benchmarks/README.md): every linear Q4_0 and
+      lm_head Q8_0, +17.5 % perplexity plain, within 1.3x of calibrated text's loss with "auto".
+    - ``calibration_note``: set by the export, not by you: why ``"auto"`` did not calibrate
+      (shown by ``summary()``).
     """
 
     weights: str | None = "int8"
@@ -100,6 +115,18 @@ class QuantConfig:
     end_layers: int = 0
     blocks_from_rows: int | None = BLOCKS_FROM_ROWS
     importance: Mapping | None = None
+    calibration: str | None = CALIBRATION_AUTO
+    calibration_note: str | None = None
+
+    @property
+    def uses_q4_0(self) -> bool:
+        """Some linear may be stored Q4_0 (the modes that read ``importance``)."""
+        return "q4_0" in (self.weights, self.lm_head_mode, self.sensitive, *(m for _, m in self.overrides))
+
+    @property
+    def wants_calibration(self) -> bool:
+        """The export should run the data-free calibration: ``"auto"``, no importance given, a Q4_0 linear."""
+        return self.calibration == CALIBRATION_AUTO and self.importance is None and self.uses_q4_0
 
     @property
     def lm_head_mode(self) -> str | None:
@@ -144,6 +171,10 @@ class QuantConfig:
             raise InputError(f"QuantConfig(overrides=...): {bad!r}: patterns must be non-empty strings and modes "
                              f"one of {', '.join(map(repr, WEIGHT_MODES))} or None")
         object.__setattr__(self, "overrides", overrides)
+        if self.calibration not in (None, CALIBRATION_AUTO):
+            raise InputError(f"QuantConfig(calibration={self.calibration!r}): expected {CALIBRATION_AUTO!r} "
+                             "(data-free: text the model generates) or None (no calibration); calibration text "
+                             "goes in importance=circle_fx.quant.activation_importance(model, samples)")
         if self.importance is not None:
             from .importance import Importance  # torch: imported here, not with this module (the CLI reads it)
 

@@ -37,8 +37,11 @@ _CHUNK_ELEMS = 1 << 18
 #: Q4_0 candidate scales: ``m / base * factor`` (m = the block's largest-magnitude element)
 _Q4_BASES = (-8.0, 7.0)
 _Q4_FACTORS = np.array([1.0, 0.95, 0.9, 0.85, 0.8], np.float32)
-#: with an importance the search is worth more candidates (it is also run only when asked for)
-_Q4_FACTORS_WEIGHTED = np.linspace(0.7, 1.1, 21).astype(np.float32)
+#: the candidates with an importance: 6 factors in [0.8, 1.05]. Measured on SmolLM2-135M (every linear
+#: Q4_0, lm_head Q8_0, importance from 4 pydoc topics, 512 tokens of "execmodel", eager): +1.9 %
+#: perplexity, against +5.8 % with the 21 factors in [0.7, 1.1] used before (which also cost 2.4x the
+#: packing time): the finer, wider search fits each block's weighted error better and the model worse
+_Q4_FACTORS_WEIGHTED = np.linspace(0.8, 1.05, 6).astype(np.float32)
 
 
 def _f16(d: np.ndarray) -> np.ndarray:

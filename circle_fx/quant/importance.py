@@ -46,6 +46,9 @@ class Importance(Mapping):
             self._values[name] = a
         #: how many samples / input rows were averaged (None when given directly)
         self.samples, self.rows = samples, rows
+        #: what the values were measured on, for ``summary()`` / the CLI (set by whoever measured them)
+        self.source = "values given to QuantConfig(importance=...)" if samples is None else \
+            f"{samples} sample(s), {rows} rows"
 
     def __getitem__(self, name):
         return self._values[name]
@@ -87,6 +90,55 @@ def _call(model, sample):
     return model(sample)
 
 
+class LinearStats:
+    """Forward pre-hooks on every ``nn.Linear`` of ``model`` (names relative to it) that sum ``x^2``
+    per input column while the ``with`` block runs (the hooks observe; removed on exit), then
+    :meth:`importance`. Shared by :func:`activation_importance` (the caller's samples) and the
+    data-free default (:mod:`circle_fx.quant.datafree`: text the model generates)."""
+
+    def __init__(self, model: nn.Module):
+        self.aliases: dict[int, list[str]] = {}
+        for pname, p in model.named_parameters(remove_duplicate=False):
+            self.aliases.setdefault(id(p), []).append(pname)
+        self.linears = {name: mod for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
+        if not self.linears:
+            raise InputError(f"activation_importance: {type(model).__name__} has no torch.nn.Linear module")
+        self.sums: dict[str, list] = {}
+        self.hooks: list = []
+
+    def _hook(self, args, name):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return
+        x = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
+        acc = self.sums.setdefault(name, [0, 0])
+        acc[0] = acc[0] + (x * x).sum(0)
+        acc[1] += x.shape[0]
+
+    def __enter__(self):
+        for name, mod in self.linears.items():
+            self.hooks.append(mod.register_forward_pre_hook(lambda m, a, name=name: self._hook(a, name)))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+        return False
+
+    def importance(self, samples: int | None = None) -> "Importance | None":
+        """The mean ``x^2`` per column of every linear that ran (keyed by module name and by every
+        parameter name of its weight), or None when none ran."""
+        values, rows = {}, 0
+        for name, (total, n) in self.sums.items():
+            mean = (total / max(n, 1)).to(torch.float32)
+            values[name] = mean
+            rows = max(rows, n)
+            for pname in self.aliases.get(id(self.linears[name].weight), []):
+                values.setdefault(pname, mean)
+        return Importance(values, samples=samples, rows=rows) if values else None
+
+
 def activation_importance(model: nn.Module, samples: Iterable) -> Importance:
     """Run ``model`` in eager PyTorch on each of ``samples`` (a tensor such as token ids ``[1, n]``,
     a tuple of positional arguments, or a dict of keyword arguments) and return the mean ``x^2``
@@ -94,48 +146,20 @@ def activation_importance(model: nn.Module, samples: Iterable) -> Importance:
     not the text you evaluate on; a few thousand tokens are plenty."""
     if not isinstance(model, nn.Module):
         raise InputError(f"activation_importance: model must be a torch.nn.Module, got {type(model).__name__}")
-    aliases: dict[int, list[str]] = {}
-    for pname, p in model.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(p), []).append(pname)
-    sums: dict[str, list] = {}
-    hooks = []
-
-    def hook(mod, args, name):
-        x = args[0] if args else None
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return
-        x = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
-        acc = sums.setdefault(name, [0, 0])
-        acc[0] = acc[0] + (x * x).sum(0)
-        acc[1] += x.shape[0]
-
-    linears = {name: mod for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
-    if not linears:
-        raise InputError(f"activation_importance: {type(model).__name__} has no torch.nn.Linear module")
-    for name, mod in linears.items():
-        hooks.append(mod.register_forward_pre_hook(lambda m, a, name=name: hook(m, a, name)))
+    stats = LinearStats(model)
     count = 0
-    try:
-        with torch.no_grad():
-            for i, sample in enumerate(samples):
-                try:
-                    _call(model, sample)
-                except Exception as e:  # the user's model on the user's sample: name which one
-                    raise InputError(f"activation_importance: the model failed on sample {i}: "
-                                     f"{type(e).__name__}: {e}") from e
-                count += 1
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.no_grad(), stats:
+        for i, sample in enumerate(samples):
+            try:
+                _call(model, sample)
+            except Exception as e:  # the user's model on the user's sample: name which one
+                raise InputError(f"activation_importance: the model failed on sample {i}: "
+                                 f"{type(e).__name__}: {e}") from e
+            count += 1
     if not count:
         raise InputError("activation_importance: no samples given")
-    values, rows = {}, 0
-    for name, (total, n) in sums.items():
-        mean = (total / max(n, 1)).to(torch.float32)
-        values[name] = mean
-        rows = max(rows, n)
-        for pname in aliases.get(id(linears[name].weight), []):
-            values.setdefault(pname, mean)
-    if not values:
+    imp = stats.importance(samples=count)
+    if imp is None:
         raise InputError("activation_importance: no nn.Linear ran on the samples")
-    return Importance(values, samples=count, rows=rows)
+    imp.source = f"{count} caller-given sample(s), {imp.rows} rows"
+    return imp

@@ -17,8 +17,10 @@ def add_arguments(parser, what: str = "") -> None:
                         help=(what or "") + "int8-weights: linear weights int8, embedding tables uint8, one scale "
                         "per row (activations stay float32; about 1%% error per layer in onert). q8_0 / q4_0: "
                         "linear weights as GGML blocks of 32 (8.5 / 4.5 bits per weight; q4_0 also the "
-                        "embedding table; q4_0-mix keeps lm_head, the MLP output projections and the first/last 2 "
-                        "layers at q8_0: more accurate, larger, slower)")
+                        "embedding table, lm_head at q8_0 (--lm-head q4_0 for 4 bits); its Q4_0 scales are weighted "
+                        "by data-free calibration (the model run on seeded random ids) when it can be run in "
+                        "memory: the output says on what; q4_0-mix also keeps the MLP output projections and the "
+                        "first/last 2 layers at q8_0: more accurate, larger, slower)")
     parser.add_argument("--override", action="append", default=[], metavar="PATTERN=MODE",
                         help="with --quantize: the linears whose parameter or module name matches the glob "
                              f"PATTERN get MODE ({', '.join((*WEIGHT_MODES, FLOAT))}); repeatable, the first "

@@ -9,12 +9,17 @@ checked once (before the slow capture), then read by every quantization path of 
 - static quantization (a PT2E-converted model, its Q/DQ nodes): :attr:`QuantPlan.target`
   (``"onert"`` unless given), the Q/DQ passes around the pipeline (:func:`.qdq.bracket`).
 
+Data-free calibration (``QuantConfig(calibration="auto")``, the default, with a Q4_0 linear and
+no ``importance``) needs the eager model, so the export calls :meth:`QuantPlan.calibrated` before
+the capture: the plan comes back with the importance (:mod:`.datafree`), or with
+``calibration_note`` saying why it did not calibrate; ``summary()`` reports either.
+
 The two exclude each other: asking for weight-only quantization of a statically quantized
 model is an :class:`~circle_fx.errors.InputError`, as is a ``quant_target`` for a float model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from .config import QuantConfig, resolve_quantize
@@ -26,6 +31,21 @@ class QuantPlan:
     weights: QuantConfig | None = None
     #: the static quantization target the caller named (None: ``"onert"`` when the model has Q/DQ nodes)
     target: str | None = None
+
+    def calibrated(self, model, why_not: str | None = None) -> "QuantPlan":
+        """This plan with the data-free Q4_0 importance of ``model`` when its config wants it
+        (:attr:`~.config.QuantConfig.wants_calibration`), else itself. ``why_not``: the caller
+        knows it cannot run the model (recorded as the reason instead of trying)."""
+        cfg = self.weights
+        if cfg is None or not cfg.wants_calibration:
+            return self
+        if why_not is None:
+            from .datafree import datafree_importance
+
+            importance, why_not = datafree_importance(model)
+            if importance is not None:
+                return replace(self, weights=replace(cfg, importance=importance))
+        return replace(self, weights=replace(cfg, calibration_note=f"not calibrated: {why_not}"))
 
     def pipeline(self, program, passes: list, weight_cache: dict | None = None) -> list:
         """``passes`` with the plan's quantization passes around / after it, for ``program``.

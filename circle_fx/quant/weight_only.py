@@ -123,11 +123,24 @@ class QuantizationRecord:
         if self.config.sensitive:
             out.append(f"sensitive -> {self.config.sensitive}: {len(self.sensitive)} linear(s): "
                        f"{compact_names(self.sensitive)}")
-        if self.config.importance is not None:
-            out.append(f"q4_0 scales weighted by activation importance: {len(self.weighted)} weight(s)"
-                       + (f"; none given for {len(self.unweighted)} (plain search): {compact_names(self.unweighted)}"
-                          if self.unweighted else ""))
+        out += self.calibration_lines()
         return out
+
+    def calibration_lines(self) -> list[str]:
+        """What the Q4_0 scales were calibrated on (``QuantConfig.importance``'s source), or why they
+        were not; nothing when no weight is Q4_0."""
+        cfg = self.config
+        if cfg.importance is not None:
+            source = getattr(cfg.importance, "source", None)
+            return [f"q4_0 scales weighted by activation importance: {len(self.weighted)} weight(s)"
+                    + (f", calibrated on {source}" if source else "")
+                    + (f"; none given for {len(self.unweighted)} (plain search): {compact_names(self.unweighted)}"
+                       if self.unweighted else "")]
+        if not any(dtype == "q4_0" and "linear" in kind for _, kind, _, dtype in self.quantized):
+            return []
+        why = cfg.calibration_note or ("not calibrated: QuantConfig(calibration=None)" if cfg.calibration is None
+                                       else "not calibrated")
+        return [f"q4_0 scales: {why} (plain scale search)"]
 
     def lines(self) -> list[str]:
         uses: dict[str, int] = {}

@@ -24,6 +24,14 @@ def _export(model, quantize):
 
 
 def _same_bytes(ref, lz, quantize):
+    """The same package from both; the in-memory model would get q4_0's data-free calibration, which
+    a streamed one cannot run (checked by test_streamed_q4_0_is_not_calibrated_and_says_so): off here."""
+    from dataclasses import replace
+
+    from circle_fx.quant import resolve_quantize
+
+    quantize = resolve_quantize(quantize)
+    quantize = None if quantize is None else replace(quantize, calibration=None)
     a, b = _export(ref, quantize), _export(lz, quantize)
     assert a.manifest == b.manifest
     for k in ("decode", "prefill"):
@@ -44,6 +52,17 @@ def test_streamed_export_is_the_in_memory_export(tmp_path, family, quantize):
     lazy.READS.clear()
     _same_bytes(ref, lz, quantize)
     assert lazy.READS == []  # no pass asked for a weight's values: only the packers and the writer read
+
+
+def test_streamed_q4_0_is_not_calibrated_and_says_so(tmp_path):
+    d = str(tmp_path / "llama")
+    tiny("llama").save_pretrained(d)
+    lz, _ = load_checkpoint(d, tokenizer=False)
+    record = _export(lz, "q4_0").decode.report.quantization
+    assert record.config.importance is None
+    assert record.calibration_lines() == ["q4_0 scales: not calibrated: its weights are streamed from the "
+                                          "checkpoint as they are packed (no float copy to run); --calibration "
+                                          "FILE, or load it in memory, calibrates (plain scale search)"]
 
 
 def _tiny_gguf(path, bad_type=False):

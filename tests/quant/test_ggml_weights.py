@@ -105,7 +105,13 @@ def _llama(tie: bool, hidden=128, inter=256):
     return LlamaForCausalLM(cfg).eval(), torch.randint(0, 1024, (1, 16), generator=torch.Generator().manual_seed(1))
 
 
+#: every linear and the table Q4_0, no calibration: the block packing these tests check (the q4_0 preset's
+#: Q8_0 lm_head and data-free calibration: tests/quant/test_datafree.py)
+ALL_Q4_0 = QuantConfig(weights="q4_0", embedding="q4_0", lm_head="q4_0", calibration=None)
+
+
 def _export(model, ids, quantize):
+    quantize = ALL_Q4_0 if quantize == "q4_0" else quantize
     program = circle_fx.capture(model, (ids,))
     return circle_fx.api.lower(program, quantize=quantize), program
 
@@ -204,7 +210,7 @@ def test_q4_0_mix_keeps_the_sensitive_linears_at_q8_0():
         assert enc[f"model.layers.{i}.mlp.gate_proj+model.layers.{i}.mlp.up_proj"] == ("q8_0" if end else "q4_0")
     assert enc["lm_head"] == "q8_0" and enc["model.embed_tokens"] == "q4_0"
     assert "sensitive -> q8_0: 18 linear(s): " in cm.summary()
-    pure = circle_fx.export(model, (ids,), quantize="q4_0", verbose=False).report.quantization.encodings()
+    pure = circle_fx.export(model, (ids,), quantize=ALL_Q4_0, verbose=False).report.quantization.encodings()
     assert set(pure.values()) == {"q4_0"} and pure.keys() == enc.keys()
     cfg = QuantConfig(weights="q4_0", sensitive="q8_0", end_layers=1, overrides={"model.layers.0.mlp.down_proj": "q4_0"})
     enc = circle_fx.export(model, (ids,), quantize=cfg, verbose=False).report.quantization.encodings()

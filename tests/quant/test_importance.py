@@ -123,8 +123,9 @@ def test_importance_weighted_q4_0_model_is_closer_to_eager_in_onert():
     with torch.no_grad():
         ref = model(ids).numpy()
     imp = activation_importance(model, _samples())
-    plain = circle_fx.export(model, (ids,), quantize=QuantConfig(weights="q4_0", embedding="q4_0"))
-    weighted = circle_fx.export(model, (ids,), quantize=QuantConfig(weights="q4_0", embedding="q4_0", importance=imp))
+    plain = circle_fx.export(model, (ids,), quantize=QuantConfig(weights="q4_0", embedding="q4_0", lm_head="q4_0"))
+    weighted = circle_fx.export(model, (ids,), quantize=QuantConfig(weights="q4_0", embedding="q4_0", lm_head="q4_0",
+                                                                    importance=imp))
     text = weighted.summary()
     assert "q4_0 scales weighted by activation importance: 3 weight(s)" in text, text
     assert "(importance-weighted)" in text
@@ -140,9 +141,11 @@ def test_linears_without_importance_get_the_plain_search_and_are_listed():
     model = _model()
     ids = _samples(1, 16)[0]
     imp = {"up": activation_importance(model, _samples())["up"]}
-    cm = circle_fx.export(model, (ids,), quantize=QuantConfig(weights="q4_0", embedding="q4_0", importance=imp))
+    cm = circle_fx.export(model, (ids,), quantize=QuantConfig(weights="q4_0", embedding="q4_0", lm_head="q4_0",
+                                                                    importance=imp))
     text = cm.summary()
-    assert "weighted by activation importance: 1 weight(s); none given for 2 (plain search): " in text, text
+    assert "weighted by activation importance: 1 weight(s), calibrated on values given to QuantConfig" in text, text
+    assert "; none given for 2 (plain search): " in text, text
     assert "down" in text.split("none given for")[1]
     wrong = {"up": np.ones(32, np.float32)}
     with pytest.raises(InputError, match="has 32 values but weight 'up.weight' has 64 input columns"):
