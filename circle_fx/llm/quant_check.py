@@ -226,6 +226,22 @@ def _round_input(enc: str):
     return hook
 
 
+def _swap_during(module, w, data) -> list:
+    """Hooks making ``w`` hold ``data`` only while ``module`` runs (a tied table whose lookup reads
+    another encoding than the lm_head: swapping the weight, not replacing the output, keeps what an
+    Embedding subclass does around the lookup, e.g. Gemma's scale)."""
+    held = {}
+
+    def before(mod, args):
+        held["w"] = w.data
+        w.data = data
+
+    def after(mod, args, out):
+        w.data = held.pop("w")
+
+    return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+
+
 @contextlib.contextmanager
 def plain_rounding(model, encodings: dict):
     """Within the block, ``model``'s linear and embedding weights that the package quantized hold
@@ -254,9 +270,13 @@ def plain_rounding(model, encodings: dict):
                 continue
             if linear and enc in _LINEAR_MODES:
                 hooks.append(m.register_forward_pre_hook(_round_input(enc)))
-            if id(w) in done:  # a tied weight is rounded once, as its linear (the lm_head) reads it
-                if done[id(w)] != enc:
-                    notes.append(f"yardstick: tied {names[id(w)][0]} rounded as {done[id(w)]} (the package's table: {enc})")
+            if id(w) in done:  # a tied weight: rounded as its linear (the lm_head) reads it ...
+                if done[id(w)] != enc:  # ... and as the package's table holds it while the lookup runs
+                    orig = next(data for ww, data in saved if ww is w)
+                    table = torch.from_numpy(_round_weight(orig.float().numpy(), enc)).to(w.dtype)
+                    hooks += _swap_during(m, w, table)
+                    notes.append(f"yardstick: tied {names[id(w)][0]}: the lm_head rounded as {done[id(w)]}, "
+                                 f"the table as {enc} (the package stores both)")
                 continue
             done[id(w)] = enc
             saved.append((w, w.data))

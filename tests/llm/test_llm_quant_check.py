@@ -165,3 +165,31 @@ def test_yardstick_rounds_every_weight_the_package_quantized_and_restores():
 
 def _param_name(model, tensor):
     return next(n for n, p in model.named_parameters() if p is tensor)
+
+
+def test_yardstick_rounds_a_tied_table_as_the_package_stores_it():
+    """The q4_0 preset stores a tied table twice (lm_head Q8_0, lookup Q4_0: ``q8_0+q4_0``): the
+    yardstick's lm_head reads the Q8_0 rounding and its lookup the Q4_0 one (Gemma 3: the lookup
+    is a scaled Embedding subclass, whose scale must survive), and the float table is back after."""
+    import torch
+
+    import circle_fx
+    from llm_models import tiny
+
+    model = tiny("gemma3")
+    head, table = model.get_output_embeddings(), model.get_input_embeddings()
+    assert head.weight is table.weight
+    pkg = circle_fx.export_llm(model, max_seq_len=16, prefill_len=4, quantize="q4_0", tokenizer=None)
+    assert "q8_0+q4_0" in pkg.manifest["weights"]["decode"].values()
+    w = head.weight.detach().clone()
+    want = {enc: torch.from_numpy(quant_check._round_weight(w.numpy(), enc)) for enc in ("q8_0", "q4_0")}
+    ids = torch.tensor([[3, 17, 99]])
+    float_lookup = table(ids)
+    with quant_check.plain_rounding(model, pkg.manifest["weights"]["decode"]) as notes:
+        assert any("the table as q4_0" in n for n in notes), notes
+        looked_up = table(ids)
+        assert torch.equal(head.weight, want["q8_0"])  # the lm_head's rounding, outside the lookup
+    scale = float_lookup / torch.nn.functional.embedding(ids, w)
+    assert torch.allclose(looked_up, torch.nn.functional.embedding(ids, want["q4_0"]) * scale, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(looked_up, torch.nn.functional.embedding(ids, want["q8_0"]) * scale, atol=1e-6)
+    assert torch.equal(head.weight, w) and not table._forward_pre_hooks and not table._forward_hooks
