@@ -22,9 +22,10 @@ scale search and importance weighting should do better. The check **fails when t
 KL is more than** ``KL_RATIO`` **(2.5) times the yardstick's, or more than** ``KL_FLOOR`` **(0.001
 nats) when the yardstick is smaller** (an int8 tiny model). Measured on SmolLM2-135M-Instruct
 (``--max-seq-len 64 --check 16``: 32 prompt tokens + 16, 48 positions; x86 onert, 2026-12-07):
-int8-weights 0.055 nats = 1.03x the yardstick, q4_0 0.58 nats = 0.99x, q4_0-mix 0.21 nats = 1.31x;
-one down_proj (layer 10 of 30) written with its scale x4: int8 2.1 nats = 40x, q4_0 2.9 nats = 5.0x;
-x2: int8 0.32 nats = 5.9x fails, but q4_0 0.90 nats = 1.55x passes. It catches a broken package,
+int8-weights 0.055 nats = 1.03x the yardstick, q4_0-mix 0.21 nats = 1.31x, the q4_0 preset (lm_head
+Q8_0, data-free calibration; its tied table rounded as each use reads it) 0.27 nats = 0.56x; one
+down_proj (layer 10 of 30) written with its scale x4: int8 2.1 nats = 40x, q4_0 2.06 nats = 4.2x;
+x2: int8 0.32 nats = 5.9x fails, but q4_0 0.48 nats = 0.98x passes. It catches a broken package,
 not a quantization that is merely worse than it could be (that is benchmarks/quant_accuracy.py's job).
 
 GGML weights (q8_0 / q4_0, and int8 linears stored as Q8_0 blocks for the prefill) do not run in
