@@ -114,14 +114,16 @@ def test_bucketed_families_generate_like_transformers(family, tmp_path):
     assert m["prefill"]["buckets"]["lengths"] == ([8] if family == "lfm2" else [4, 8])
 
 
-def test_a_bucket_that_cannot_be_captured_leaves_one_entry_point(monkeypatch, tmp_path):
-    """If the model's code fails in a bucket's capture (and not in the full step's), the package keeps the
-    full decode step alone, warns, and still generates transformers' tokens."""
-    from circle_fx.errors import CaptureError
+@pytest.mark.parametrize("error", ["CaptureError", "UnsupportedOpError", "RuntimeError"])
+def test_a_bucket_that_cannot_be_captured_leaves_one_entry_point(monkeypatch, tmp_path, error):
+    """If a bucket fails (the model's code in its capture, a lowering, anything else) and the full step
+    did not, the package keeps the full decode step alone, warns, and still generates transformers'
+    tokens (not a recompute package, not a failed export)."""
+    from circle_fx import errors
     from circle_fx.llm import export as ex
 
     def fail(*a, **k):
-        raise CaptureError("bucket capture failed (test)")
+        raise getattr(errors, error, RuntimeError)("bucket failed (test)")
 
     monkeypatch.setattr(ex, "_capture_decode_bucket", fail)
     model = tiny("llama")
