@@ -62,7 +62,7 @@ def export(model, example_inputs, *, example_kwargs: dict | None = None, dynamic
     ``quant_report``: a :func:`circle_fx.quant.report.quantization_report` of the calibrated
     (prepared) model, kept on the result and printed by ``summary()``.
     """
-    plan = quant_plan(quantize, quant_target)  # a bad value fails before the (slow) capture
+    plan = quant_plan(quantize, quant_target).fitted(model)  # a bad value fails before the (slow) capture
     plan = plan.calibrated(model)  # q4_0's data-free importance needs the eager model (quant/plan.py)
     report = ExportReport(quant_report=quant_report)
     with progress_for(verbose) as progress:

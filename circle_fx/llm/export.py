@@ -445,7 +445,7 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
     """
     if DecodeStep is None:
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
-    plan = quant_plan(quantize)  # a bad value fails before the (slow) captures
+    plan = quant_plan(quantize).fitted(model)  # a bad value fails before the (slow) captures
     STAGES.clear()
     with _stage("calibration"):  # q4_0's data-free importance: not for a weightless (streamed) model
         plan = plan.calibrated(model, why_not=None if _checkpoint(model) is None else

@@ -47,6 +47,34 @@ class QuantPlan:
                 return replace(self, weights=replace(cfg, importance=importance))
         return replace(self, weights=replace(cfg, calibration_note=f"not calibrated: {why_not}"))
 
+    def fitted(self, model) -> "QuantPlan":
+        """This plan, with a Q8_0 lm_head over Q4_0 linears turned Q4_0 (and a warning) when the
+        Q8_0 copy alone would take the file over onert 0.1.0's 2 GiB (:data:`ONERT_FILE_LIMIT`):
+        a tied 128k-vocab table, Llama-3.2-3B's, is ~0.42 GB at Q8_0 besides its Q4_0 lookup copy
+        (~2.07 GiB in all), and a file onert cannot map is worth less than one more 4-bit matrix.
+        An estimate from the parameter shapes (a weightless, streamed model has them too)."""
+        cfg = self.weights
+        if cfg is None or cfg.weights != "q4_0" or cfg.lm_head_mode != "q8_0":
+            return self
+        head = getattr(model, "get_output_embeddings", lambda: None)()
+        table = getattr(model, "get_input_embeddings", lambda: None)()
+        w = getattr(head, "weight", None)
+        if w is None:
+            return self
+        from ..circle.runtime import ONERT_FILE_LIMIT
+
+        q4 = sum(p.numel() * (0.5625 if p.dim() >= 2 else 4.0) for p in model.parameters())
+        tied = table is not None and getattr(table, "weight", None) is w
+        extra = w.numel() * (1.0625 if tied else 0.5)  # a second (Q8_0) copy, or Q8_0 instead of Q4_0
+        if q4 + extra < 0.97 * ONERT_FILE_LIMIT:
+            return self
+        import warnings
+
+        warnings.warn(f"quantize: lm_head stored q4_0, not q8_0: with a q8_0 lm_head the file would be "
+                      f"~{(q4 + extra) / 2**30:.2f} GiB, which onert 0.1.0 cannot map (2 GiB); at q4_0 "
+                      f"~{q4 / 2**30:.2f} GiB", stacklevel=3)
+        return replace(self, weights=replace(cfg, lm_head="q4_0"))
+
     def pipeline(self, program, passes: list, weight_cache: dict | None = None) -> list:
         """``passes`` with the plan's quantization passes around / after it, for ``program``.
         ``weight_cache``: see :func:`circle_fx.lower`."""

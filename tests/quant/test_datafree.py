@@ -138,3 +138,23 @@ def test_a_transformers_llm_export_prints_nothing_either():
         ids = torch.zeros(1, 8, dtype=torch.long)
     """, kwargs="example_kwargs={'use_cache': False}, ")
     assert out == "" and err.startswith("torchao="), (out, err)
+
+
+def test_a_q8_0_lm_head_that_would_not_fit_onert_is_stored_q4_0(monkeypatch):
+    """The q4_0 preset's Q8_0 lm_head is dropped to Q4_0, with a warning, when the estimate says
+    the file would pass onert's 2 GiB (here: the limit lowered to below a tiny tied Gemma 3's
+    size); under the limit the tied table is stored twice, q8_0 for the lm_head."""
+    import pytest
+
+    import circle_fx
+    from circle_fx.circle import runtime
+    from llm_models import tiny
+
+    model = tiny("gemma3")
+    pkg = circle_fx.export_llm(model, max_seq_len=16, prefill_len=4, quantize="q4_0", tokenizer=None)
+    assert "q8_0+q4_0" in pkg.manifest["weights"]["decode"].values()
+    monkeypatch.setattr(runtime, "ONERT_FILE_LIMIT", 20_000)
+    with pytest.warns(UserWarning, match="lm_head stored q4_0, not q8_0"):
+        pkg = circle_fx.export_llm(model, max_seq_len=16, prefill_len=4, quantize="q4_0", tokenizer=None)
+    encodings = set(pkg.manifest["weights"]["decode"].values())
+    assert "q8_0+q4_0" not in encodings and "q8_0" not in encodings, encodings
