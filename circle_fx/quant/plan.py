@@ -61,11 +61,13 @@ class QuantPlan:
         w = getattr(head, "weight", None)
         if w is None:
             return self
+        from ..circle.ggml import Q4_0, Q8_0
         from ..circle.runtime import ONERT_FILE_LIMIT
 
-        q4 = sum(p.numel() * (0.5625 if p.dim() >= 2 else 4.0) for p in model.parameters())
+        q4_b, q8_b = Q4_0.bits_per_weight / 8, Q8_0.bits_per_weight / 8  # bytes per weight
+        q4 = sum(p.numel() * (q4_b if p.dim() >= 2 else 4.0) for p in model.parameters())
         tied = table is not None and getattr(table, "weight", None) is w
-        extra = w.numel() * (1.0625 if tied else 0.5)  # a second (Q8_0) copy, or Q8_0 instead of Q4_0
+        extra = w.numel() * (q8_b if tied else q8_b - q4_b)  # a second (Q8_0) copy, or Q8_0 instead of Q4_0
         if q4 + extra < 0.97 * ONERT_FILE_LIMIT:
             return self
         import warnings
