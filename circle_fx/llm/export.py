@@ -35,6 +35,7 @@ from ..errors import CaptureError, CircleFxError, InputError, ModelError, Unsupp
 from ..passes import default_pipeline
 from ..meta import CONSTANT_NAMES
 from ..quant.plan import quant_plan
+from ..passes.cached_attention import CachedAttention
 from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
 from .package import LLMPackage
@@ -274,6 +275,8 @@ def _pipelines(rope_op: bool):
     decode_pipe, prefill_pipe = default_pipeline(), default_pipeline()
     for pipe in (decode_pipe, prefill_pipe):
         pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
+    # the decode step's attention over cat([cache, new row]) reads the cache without copying it
+    decode_pipe.insert_after("grouped_query_attention", CachedAttention())
     if not rope_op:  # the RoPE family is in the default pipeline; it fuses only the decode model
         decode_pipe.remove_pass("fuse_rope")
     return decode_pipe, prefill_pipe
