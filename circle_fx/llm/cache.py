@@ -14,7 +14,10 @@ DYNAMIC_UPDATE_SLICE and no variables):
   (MPT's ALiBi; found by :func:`slot_dependent`) gets ``where(row == position, new_row,
   cache_in)`` instead: key slot j is position j. The new row is recorded and becomes a model
   output, which the host writes into its cache in place (so caches stay bound to onert
-  once, see ``runner.py``).
+  once, see ``runner.py``). The ``cat`` never reaches the file: ``export_llm``'s decode pipeline
+  turns the attention over it into ``circle.cached_attention`` (``passes/cached_attention.py``),
+  which reads the cache input itself; for it the value caches are kept transposed,
+  ``[1, H, D, S]`` (:meth:`State.transposed`, read back as rows here by ``State.as_rows``).
 - prefill: ``update`` returns the keys/values of the prompt itself and records them.
 
 Other state goes through transformers' own cache calls the same way (``get_conv_state``,
