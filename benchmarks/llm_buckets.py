@@ -101,6 +101,9 @@ def main():
             info[k] = export(model, os.path.join(work, k), S, b, args.quantize)
             print(k, info[k], flush=True)
             json.dump(info, open(info_path, "w"))
+    if not args.rounds:  # export only (e.g. on another checkout, for --compare)
+        print(f"work dir {work}")
+        return
     dirs = {k: os.path.join(work, k) for k in packages}
     if args.compare:
         before = json.load(open(os.path.join(args.compare, "export.json")))
