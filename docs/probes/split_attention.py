@@ -17,6 +17,9 @@ Every layer's output is summed into one output. Forms (one file each):
   split_vt  split with the V cache kept transposed ([1, 3, 64, S]): BATCH_MATMUL(p_past, V^T, adj_y).
             cker's BatchMatMul transposes a rhs given without adj_y into a temporary on every call
             (compute/cker/include/cker/operation/BatchMatMul.h), i.e. copies V; with adj_y it reads it
+  u8_vt     split_vt over uint8 caches (a quarter of the bytes), each layer's K and V^T DEQUANTIZEd into a float
+            temporary first (onert has no float x uint8 BATCH_MATMUL): does a per-layer temporary that stays in cache beat
+            reading float32 caches from memory?
   split_adjx split computing out^T = BATCH_MATMUL(V_cache, p_past, adj_x, adj_y): does adj_x copy V too?
 
 Every form's output is compared with numpy; times are the median of REPS runs (ms per call, i.e. per
@@ -34,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import if_entry_points as P  # noqa: E402
 from circle_schema import circle as C  # noqa: E402
 
-for op in ("CONCATENATION", "SOFTMAX", "RESHAPE", "SELECT_V2", "EQUAL", "TRANSPOSE"):
+for op in ("CONCATENATION", "SOFTMAX", "RESHAPE", "SELECT_V2", "EQUAL", "TRANSPOSE", "DEQUANTIZE"):
     if op not in P.CODES:
         P.CODES.append(op)
 TT, OPT = P.TT, P.OPT
@@ -42,6 +45,7 @@ LAYERS, HK, REP, D = 30, 3, 3, 64
 REPS = int(os.environ.get("REPS", "15"))
 SCALE = 1 / np.sqrt(D)
 LOWEST = np.finfo(np.float32).min
+U8_SCALE = 4.0 / 127  # the uint8 form's per-tensor scale (zero point 128): standard-normal caches, clipped at 4
 
 
 def bmm(g, a, b, shape, adj_x=False, adj_y=False):
@@ -99,8 +103,20 @@ def build(form, S):
     pos, q = g.t([1], TT.INT32), g.t([1, HK, REP, D])
     kn, vn = g.t([1, HK, 1, D]), g.t([1, HK, 1, D])
     vshape = [1, HK, D, S] if form.endswith("_vt") else [1, HK, S, D]
-    caches = [(g.t([1, HK, S, D]), g.t(vshape)) for _ in range(LAYERS)]
-    g.inputs = [pos, q, kn, vn] + [t for kv in caches for t in kv]
+    if form == "u8_vt":  # uint8 caches (per-tensor scale / zero point), each DEQUANTIZEd before its products
+        raw = [(g.t([1, HK, S, D], TT.UINT8), g.t(vshape, TT.UINT8)) for _ in range(LAYERS)]
+        for kv in raw:
+            for t in kv:
+                qp = C.QuantizationParameters.QuantizationParametersT()
+                qp.scale, qp.zeroPoint = [U8_SCALE], [128]
+                g.tensors[t].quantization = qp
+        g.inputs = [pos, q, kn, vn] + [t for kv in raw for t in kv]
+        caches = [(g.op("DEQUANTIZE", [k], [g.t([1, HK, S, D])]), g.op("DEQUANTIZE", [v], [g.t(vshape)]))
+                  for k, v in raw]
+        form = "split_vt"
+    else:
+        caches = [(g.t([1, HK, S, D]), g.t(vshape)) for _ in range(LAYERS)]
+        g.inputs = [pos, q, kn, vn] + [t for kv in caches for t in kv]
     out_shape = [1, HK, REP, D]
     if form.startswith("gemv"):
         return build_gemv(m, g, pos, q, kn, vn, caches, S, form == "gemv_vt")
@@ -202,11 +218,17 @@ def sessions(forms, S, position):
             print(f"{form} S={S}: FAILED to load {type(e).__name__}: {str(e)[:150]}")
             continue
         kv = transposed if form.endswith("_vt") else caches
+        if form == "u8_vt":
+            kv = [tuple(np.clip(np.round(t / U8_SCALE) + 128, 0, 255).astype(np.uint8) for t in pair) for pair in kv]
         arrays = [np.array([position], np.int32), q, kn, vn] + [t for pair in kv for t in pair]
         for k, a in enumerate(arrays):
             s.set_input(k, a)
         s.run()
-        out[form] = (s, float(np.abs(s.get_output(0) - want).max() / np.abs(want).max()), arrays)
+        ref = want
+        if form == "u8_vt":  # against the dequantized caches' attention
+            deq = [tuple((t.astype(np.float64) - 128) * U8_SCALE for t in pair) for pair in kv]
+            ref = reference(q, kn, vn, deq, position, S, True)
+        out[form] = (s, float(np.abs(s.get_output(0) - ref).max() / np.abs(ref).max()), arrays)
     return out
 
 
@@ -225,7 +247,7 @@ def measure(forms, S, position):
 
 
 if __name__ == "__main__":
-    forms = sys.argv[1:] or ["cat", "where", "split", "split_vt", "split_adjx", "gemv", "gemv_vt"]
+    forms = sys.argv[1:] or ["cat", "where", "split", "split_vt", "split_adjx", "gemv", "gemv_vt", "u8_vt"]
     print(f"load average {os.getloadavg()}")
     for S, position in ((256, 100), (4096, 4000)):
         measure(forms, S, position)
