@@ -358,7 +358,7 @@ def _export_cached(model, spec, rope_op, quantize):
             return None, None
         checks = _checks(model, spec)
         spec.kv_in_place = checks[1].kv_in_place = slot_dependent(*checks)
-        if not spec.kv_in_place:  # value caches as [1, H, D, S]: the decode step reads them without a copy
+        if _transpose_values(spec):  # value caches as [1, H, D, S]: the decode step reads them without a copy
             _set_value_layout(spec, checks[1], transposed=True)
         decode_pipe, prefill_pipe = _pipelines(rope_op)
         caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
@@ -394,6 +394,19 @@ def _export_cached(model, spec, rope_op, quantize):
             _no_buckets(spec, "prefill", e)
             prefill = [full_prefill]
         return decode, prefill
+
+
+#: ``"auto"``: value caches kept transposed when the decode step's attention can read them so (an SDPA
+#: model that does not write its K/V in place; checked after the capture, see :func:`values_read_in_place`);
+#: ``"always"`` tries it for every model (the tests' way to reach the check's fallback), ``"never"`` never
+TRANSPOSE_VALUES = "auto"
+
+
+def _transpose_values(spec) -> bool:
+    if TRANSPOSE_VALUES == "never" or spec.kv_in_place:
+        return False
+    # eager attention (float masks) is matmul + softmax + matmul, which CachedAttention does not take
+    return TRANSPOSE_VALUES == "always" or not spec.float_mask
 
 
 def _set_value_layout(spec, check_spec, transposed: bool) -> None:

@@ -65,15 +65,24 @@ def test_gqa_decode_reads_the_cache_in_place_and_generates_like_transformers(tmp
     greedy_reference().assert_generates_like_transformers(pkg.runner(), model, ([5, 17, 9], [5, 17, 9, 33, 42]), 40)
 
 
-def test_eager_attention_keeps_the_plain_value_layout(tmp_path):
+@pytest.mark.parametrize("attempt", ["auto", "always"])
+def test_eager_attention_keeps_the_plain_value_layout(tmp_path, monkeypatch, attempt):
     """A model whose attention is not SDPA (eager: matmul + softmax + matmul) is not taken by the pass:
     export_llm keeps its value caches [1, H, S, D] (a transposed one would cost a TRANSPOSE per step),
-    writes a version-2 manifest, and generates exactly as before."""
+    writes a version-2 manifest, and generates exactly as before. "auto" does not try the transposed
+    layout for it; "always" does, and the check after the capture (values_read_in_place) falls back."""
+    from circle_fx.llm import export as llm_export
+
+    monkeypatch.setattr(llm_export, "TRANSPOSE_VALUES", attempt)
+    layouts, set_layout = [], llm_export._set_value_layout
+    monkeypatch.setattr(llm_export, "_set_value_layout",
+                        lambda *a, transposed: (layouts.append(transposed), set_layout(*a, transposed=transposed)))
     model = tiny("llama")
     model.config._attn_implementation = "eager"
     model.config.use_cache = model.generation_config.use_cache = True
     pkg = circle_fx.export_llm(model, max_seq_len=16, prefill_len=4, tokenizer=None, buckets="off")
     m = pkg.manifest
     assert m["version"] == 2 and {s["axis"] for s in m["cache"]["states"]} == {2}
+    assert layouts == ([] if attempt == "auto" else [True, False])  # "always": tried, then the fallback
     pkg.save(tmp_path / "pkg")
     greedy_reference().assert_generates_like_transformers(pkg.runner(), model, ([5, 17, 9],), 8)
