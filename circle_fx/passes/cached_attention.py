@@ -62,6 +62,19 @@ def untransposed(node):
     return None
 
 
+def _prefix(node, dim: int):
+    """``(x, rows)`` if ``node`` is ``x[..., :rows]`` along ``dim`` of a 4-D ``x`` (``slice(x, dim, 0, rows, 1)``,
+    read by one node), else ``(node, None)``."""
+    if not (getattr(node, "op", None) == "call_function" and node.target is aten.slice.Tensor and len(node.users) == 1):
+        return node, None
+    x, d, start, end, step = arguments(node)
+    xs = _static4(x)
+    if xs is None or d % 4 != dim or start not in (0, None) or step != 1 or not isinstance(end, int):
+        return node, None
+    rows = min(end, xs[dim])
+    return (x, rows) if 0 < rows < xs[dim] else (node, None)
+
+
 class CachedAttention(Pass):
     name = "cached_attention"
 
@@ -83,12 +96,19 @@ class CachedAttention(Pass):
                 continue
             past_t = untransposed(v_past)
             transposed = past_t is not None and len(v_past.users) == 1
+            v_read = past_t if transposed else v_past
             scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
+            # a bucket's caches: the first rows of the whole caches, sliced by the op's lowering (SLICE)
+            (k_full, k_rows), (v_full, v_rows) = _prefix(k_past, 2), _prefix(v_read, 3 if transposed else 2)
+            rows = k_rows if k_rows is not None and k_rows == v_rows else -1
+            if rows >= 0:
+                v_read = v_full
             with g.inserting_before(node):
-                new = make_node(g, cached_attention, (q, k_past, k_new, past_t if transposed else v_past, v_new,
-                                                      mask, scale, transposed), like=node)
+                new = make_node(g, cached_attention, (q, k_full if rows >= 0 else k_past, k_new, v_read, v_new,
+                                                      mask, scale, transposed, rows), like=node)
             node.replace_all_uses_with(new)
             g.erase_node(node)
-            erase_unused(g, [k, v] + ([v_past] if transposed else []))
+            erase_unused(g, [k, v] + ([v_past] if transposed else []) + ([k_past, past_t if transposed else v_past]
+                                                                          if rows >= 0 else []))
             changed = True
         return changed

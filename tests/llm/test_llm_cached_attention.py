@@ -10,6 +10,7 @@ import torch
 from llm_models import greedy_reference, tiny
 
 import circle_fx
+from circle_fx.circle.reader import read_circle
 from circle_fx.circle.schema import op_name
 from circle_fx.dialect.attention import cached_attention
 
@@ -62,6 +63,10 @@ def test_gqa_decode_reads_the_cache_in_place_and_generates_like_transformers(tmp
     assert not [op_name(op.code) for op in b.operators for t in op.outputs
                 if sorted(b.tensors[t].shape) == [1, 2, 8, 49]]
     pkg.save(tmp_path / "pkg")
+    # the 16-row bucket reads the caches' first rows through the op (SLICE), not a STRIDED_SLICE of its own
+    bucket = read_circle(str(tmp_path / "pkg" / "model.circle"), subgraph=m["decode"]["buckets"]["subgraphs"][0])
+    names = {t for t, n in zip(bucket.inputs, (bucket.tensors[i].name for i in bucket.inputs)) if "cache" in n}
+    assert {op_name(op.builtin_code) for op in bucket.operators if names & set(op.inputs)} == {"SLICE"}
     greedy_reference().assert_generates_like_transformers(pkg.runner(), model, ([5, 17, 9], [5, 17, 9, 33, 42]), 40)
 
 

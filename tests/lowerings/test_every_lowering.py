@@ -295,10 +295,11 @@ CASES = {
     conv2d_nhwc: (torch.nn.Conv2d(3, 4, 3, padding=1), (r(1, 3, 6, 6),)),
     max_pool2d_nhwc: (torch.nn.MaxPool2d(3, 2, 1), (r(1, 2, 7, 7),)),
     avg_pool2d_nhwc: (torch.nn.AvgPool2d(3, 2, 1), (r(1, 2, 7, 7),)),
-    # a decode step's grouped attention over a cache of 6 rows (the last 2 masked) + one new row, V^T cache
+    # a decode step's grouped attention over the first 6 rows of a 9-row cache (a bucket; rows 4, 5 masked)
+    # + one new row, V^T cache
     cached_attention: (Fn(lambda q, kp, kn, vt, vn, pos: cached_attention(
-        q, kp, kn, vt, vn, (torch.tensor([0, 1, 2, 3, 4, 5, -1]) < pos).view(1, 1, 1, 7), 0.35, True)),
-        (r(1, 4, 1, 8, seed=5), r(1, 2, 6, 8, seed=6), r(1, 2, 1, 8, seed=7), r(1, 2, 8, 6, seed=8),
+        q, kp, kn, vt, vn, (torch.tensor([0, 1, 2, 3, 4, 5, -1]) < pos).view(1, 1, 1, 7), 0.35, True, 6)),
+        (r(1, 4, 1, 8, seed=5), r(1, 2, 9, 8, seed=6), r(1, 2, 1, 8, seed=7), r(1, 2, 8, 9, seed=8),
          r(1, 2, 1, 8, seed=9), torch.tensor([4]))),
 }
 

@@ -37,9 +37,18 @@ def _slice_cols(ctx, x, dims, lo, hi, dt, name):
     return out
 
 
+def _first(ctx, x, dims, dt, name):
+    """The leading block ``dims`` of tensor ``x`` (a SLICE from 0)."""
+    out = ctx.new_tensor(dims, dt, name)
+    ctx.op(BO.SLICE, [x, ctx.int_const([0] * len(dims), f"{name}_begin"), ctx.int_const(dims, f"{name}_size")], [out],
+           options("SliceOptions"))
+    return out
+
+
 @lowering(circle.cached_attention.default)
 def cached_attention(ctx, node):
-    q, k_past, k_new, v_past, v_new, mask, scale, v_transposed = node.args
+    q, k_past, k_new, v_past, v_new, mask, scale, v_transposed = node.args[:8]
+    rows_read = node.args[8] if len(node.args) > 8 else node.kwargs.get("rows", -1)
     dt = ctx.dtype(node)
     b, h, L, e = ctx.dims(q, static=True)
     _, hk, S, _ = ctx.dims(k_past, static=True)
@@ -49,11 +58,16 @@ def cached_attention(ctx, node):
     if ctx.dims(v_past, static=True) != want_v or h % hk:
         raise ctx.error(f"cached attention: V cache {ctx.dims(v_past)} is not {want_v}, or query heads {h} are "
                         f"not a multiple of key/value heads {hk}")
+    kt, vt = ctx.tensor(k_past), ctx.tensor(v_past)
+    if 0 <= rows_read < S:  # a bucket: the caches' first rows, by SLICE (faster than STRIDED_SLICE here)
+        S = rows_read
+        kt = _first(ctx, kt, [b, hk, S, e], dt, "k_bucket")
+        vt = _first(ctx, vt, [b, hk, ev, S] if v_transposed else [b, hk, S, ev], dt, "v_bucket")
     rows, n = h // hk * L, S + T
     qg = ctx.reshaped(ctx.tensor(q), [b, hk, rows, e], name="q_grouped")
     adj = options("BatchMatMulOptions", adjointRhs=True)
     sp = ctx.new_tensor([b, hk, rows, S], dt, "scores_cache")
-    ctx.op(BO.BATCH_MATMUL, [qg, ctx.tensor(k_past)], [sp], adj)
+    ctx.op(BO.BATCH_MATMUL, [qg, kt], [sp], adj)
     sn = ctx.new_tensor([b, hk, rows, T], dt, "scores_new")
     ctx.op(BO.BATCH_MATMUL, [qg, ctx.tensor(k_new)], [sn], adj)
     grouped = ctx.new_tensor([b, hk, rows, n], dt, "scores_grouped")
@@ -67,7 +81,7 @@ def cached_attention(ctx, node):
     pp = _slice_cols(ctx, pg, [b, hk, rows, n], 0, S, dt, "probs_cache")
     pn = _slice_cols(ctx, pg, [b, hk, rows, n], S, n, dt, "probs_new")
     out_cache = ctx.new_tensor([b, hk, rows, ev], dt, "out_cache")
-    ctx.op(BO.BATCH_MATMUL, [pp, ctx.tensor(v_past)], [out_cache],
+    ctx.op(BO.BATCH_MATMUL, [pp, vt], [out_cache],
            options("BatchMatMulOptions", adjointRhs=bool(v_transposed)))
     out_new = ctx.new_tensor([b, hk, rows, ev], dt, "out_new")
     if T == 1:  # [.., rows, 1] * [.., 1, ev]: one new row needs no matrix product
