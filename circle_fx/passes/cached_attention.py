@@ -13,6 +13,10 @@ the new rows apart (``dialect/attention.py``), and its lowering reads the cache 
 (``v_transposed``): onert's BATCH_MATMUL reads a right-hand side in that layout directly, and
 transposes any other into a temporary per call.
 
+A decode cache-length bucket's ``cache[:, :, :rows]`` (``[..., :rows]`` for a transposed V) is folded
+into the op as ``rows``: the lowering slices the whole cache inputs with SLICE, faster there than the
+STRIDED_SLICE a plain slice lowers to (docs/onert-findings.md, "Bucket slices").
+
 Forms taken (others are left as they are, exact as before): 4-D static shapes, no dropout, not
 ``is_causal`` (the decode step passes a mask), the concatenations along the rows (dim 2)
 and read by this attention only. ``export_llm`` runs this pass in its decode pipeline, after
