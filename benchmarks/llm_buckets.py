@@ -12,7 +12,8 @@ after a warm-up decode step, prefill and generate (the first call of a session f
 page, the first generate imports the sampling code: a cold start, not the prompt's cost), and decode ms/step at positions 100/1000/4000 (median of 5 steps from there; the step's cost does not
 depend on the cache's contents). Medians over rounds are printed with the load average.
 
-    python benchmarks/llm_buckets.py [--rounds 2] [--quantize int8-weights] [--reuse DIR]
+    python benchmarks/llm_buckets.py [--rounds 2] [--quantize int8-weights] [--reuse DIR] [--packages buckets,s256]
+        [--compare DIR]   (DIR: the work directory of a run on another checkout, measured in the same rounds)
 """
 from __future__ import annotations
 
@@ -78,9 +79,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quantize", default=None)
     ap.add_argument("--reuse", default=None, help="a work directory of an earlier run: measure its packages again")
+    ap.add_argument("--packages", default="buckets,single,s256", help="which of buckets, single, s256 (comma list)")
+    ap.add_argument("--compare", default=None,
+                    help="the work directory of a run of another checkout (e.g. main, the 'before'): its packages "
+                         "are measured in the same interleaved rounds, by this checkout's runner, as before:<name>")
     args = ap.parse_args()
     work = args.reuse or tempfile.mkdtemp(prefix="llm_buckets_")
-    packages = {"buckets": (4096, "auto"), "single": (4096, "off"), "s256": (256, "off")}
+    every = {"buckets": (4096, "auto"), "single": (4096, "off"), "s256": (256, "off")}
+    packages = {k: every[k] for k in args.packages.split(",")}
     info_path = os.path.join(work, "export.json")
     info = json.load(open(info_path)) if os.path.exists(info_path) else {}
     missing = [k for k in packages if k not in info]
@@ -95,12 +101,23 @@ def main():
             info[k] = export(model, os.path.join(work, k), S, b, args.quantize)
             print(k, info[k], flush=True)
             json.dump(info, open(info_path, "w"))
+    if not args.rounds:  # export only (e.g. on another checkout, for --compare)
+        print(f"work dir {work}")
+        return
+    dirs = {k: os.path.join(work, k) for k in packages}
+    if args.compare:
+        before = json.load(open(os.path.join(args.compare, "export.json")))
+        for k in packages:
+            if k in before:
+                info[f"before:{k}"] = before[k]
+                dirs[f"before:{k}"] = os.path.join(args.compare, k)
+    packages = {k: None for k in dirs}  # every package measured, this checkout's and the compared ones
     runs = {k: [] for k in packages}
     loads = []
     for _ in range(args.rounds):
         for k in packages:
             loads.append(os.getloadavg()[0])
-            runs[k].append(measure(os.path.join(work, k)))
+            runs[k].append(measure(dirs[k]))
             print(k, runs[k][-1], load(), flush=True)
     import statistics
 
@@ -122,12 +139,15 @@ def main():
               + " | ".join(fmt(med(k, "ttft", n)) for n in PROMPTS) + " | "
               + " | ".join(fmt(med(k, "step", p)) for p in POSITIONS) + " |")
     # ratios within a round (the same minute's load), then their median
-    ratio = lambda pos: statistics.median(b["step"][str(pos)] / r["step"]["100"]  # noqa: E731
-                                          for b, r in zip(runs["buckets"], runs["s256"]))
-    print(f"decode, median of per-round ratios: buckets@100 / s256@100 = {ratio(100):.2f}x (target <= 1.2x); "
-          f"buckets@4000 / s256@100 = {ratio(4000):.2f}x (target <= 2.5x); per round: "
-          + ", ".join(f"{b['step']['100'] / r['step']['100']:.2f}/{b['step']['4000'] / r['step']['100']:.2f}"
-                      for b, r in zip(runs["buckets"], runs["s256"])))
+    for pre in ("", "before:"):
+        if f"{pre}buckets" not in runs or f"{pre}s256" not in runs:
+            continue
+        pairs = list(zip(runs[f"{pre}buckets"], runs[f"{pre}s256"]))
+        ratio = lambda pos: statistics.median(b["step"][str(pos)] / r["step"]["100"] for b, r in pairs)  # noqa: E731
+        print(f"{pre}decode, median of per-round ratios: buckets@100 / s256@100 = {ratio(100):.2f}x (target <= 1.2x); "
+              f"buckets@4000 / s256@100 = {ratio(4000):.2f}x (target <= 2.5x); per round: "
+              + ", ".join(f"{b['step']['100'] / r['step']['100']:.2f}/{b['step']['4000'] / r['step']['100']:.2f}"
+                          for b, r in pairs))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ DYNAMIC_UPDATE_SLICE and no variables):
   (MPT's ALiBi; found by :func:`slot_dependent`) gets ``where(row == position, new_row,
   cache_in)`` instead: key slot j is position j. The new row is recorded and becomes a model
   output, which the host writes into its cache in place (so caches stay bound to onert
-  once, see ``runner.py``).
+  once, see ``runner.py``). The ``cat`` never reaches the file: ``export_llm``'s decode pipeline
+  turns the attention over it into ``circle.cached_attention`` (``passes/cached_attention.py``),
+  which reads the cache input itself; for it the value caches are kept transposed,
+  ``[1, H, D, S]`` (:meth:`State.transposed`, read back as rows here by ``State.as_rows``).
 - prefill: ``update`` returns the keys/values of the prompt itself and records them.
 
 Other state goes through transformers' own cache calls the same way (``get_conv_state``,
@@ -150,6 +153,36 @@ class State:
     index: int  # transformers' state_idx (a layer may hold several conv / recurrent states)
     shape: tuple
     carry: str
+    #: ``carry="position"``: the axis of ``shape`` that holds the positions: 2 (``[1, H, S, D]``, as the
+    #: model hands its rows over), or 3 for a value cache kept transposed (``[1, H, D, S]``,
+    #: :meth:`transposed`); the model's new-row output is ``[1, H, 1, D]`` either way
+    axis: int = 2
+
+    def transposed(self) -> "State":
+        """This position-carried state kept as ``[1, H, D, S]``: onert's BATCH_MATMUL reads a value
+        cache in that layout as it is, and copies (transposes) one in ``[1, H, S, D]`` on every
+        decode step (``dialect/attention.py``)."""
+        b, h, rows, d = self.shape
+        return State(self.kind, self.layer, self.index, (b, h, d, rows), self.carry, axis=3)
+
+    @property
+    def rows_shape(self) -> tuple:
+        """``shape`` with the positions on axis 2 (what the model's own tensors look like)."""
+        if self.axis == 3:
+            b, h, d, rows = self.shape
+            return (b, h, rows, d)
+        return self.shape
+
+    def as_rows(self, t):
+        """The input tensor ``t`` of this state as the model reads it (positions on axis 2)."""
+        return t.transpose(2, 3) if self.axis == 3 else t
+
+    def written(self, t, rows, index):
+        """``t`` (this state's buffer, eager) with the model's ``rows`` [1, H, n, D] written at
+        positions ``index`` (a 1-D long tensor), as the host writes them."""
+        if self.axis == 3:
+            return t.index_copy(3, index, rows.transpose(2, 3))
+        return t.index_copy(2, index, rows)
 
     @property
     def key(self) -> tuple:
@@ -239,8 +272,8 @@ def decode_matches_prefill(model, spec, past_length_input: bool, tol: float = 1e
         for p in range(q + 1):
             out = step(ids[:, p:p + 1], torch.tensor([p], dtype=torch.int32), [states[c.key] for c in spec.caches])
             for c in spec.caches:
-                states[c.key] = out[c.output] if c.carry == REPLACE else states[c.key].index_copy(
-                    2, torch.tensor([p]), out[c.output])
+                states[c.key] = out[c.output] if c.carry == REPLACE else c.written(
+                    states[c.key], out[c.output], torch.tensor([p]))
         want = Prefill(model, spec, length=q + 1)(ids, torch.tensor([q], dtype=torch.int32))["logits"]
     return _close(out["logits"], want, tol=tol)
 
@@ -387,7 +420,9 @@ class DecodeStep(torch.nn.Module):
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
         if self.bucket < spec.max_seq_len:
-            caches = [t[:, :, :self.bucket, :] if c.carry == AT_POSITION else t for c, t in zip(spec.caches, caches)]
+            caches = [(t[..., :self.bucket] if c.axis == 3 else t[:, :, :self.bucket, :]) if c.carry == AT_POSITION
+                      else t for c, t in zip(spec.caches, caches)]
+        caches = [c.as_rows(t) for c, t in zip(spec.caches, caches)]  # a transposed V cache: read as rows
         write_at = (self.rows == position).view(1, 1, -1, 1) if self.in_place else None
         cache = GraphCache(L, {c.key: t for c, t in zip(spec.caches, caches)},
                            position if self.past_length_input else 0, write_at=write_at)

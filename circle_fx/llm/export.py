@@ -35,16 +35,17 @@ from ..errors import CaptureError, CircleFxError, InputError, ModelError, Unsupp
 from ..passes import default_pipeline
 from ..meta import CONSTANT_NAMES
 from ..quant.plan import quant_plan
+from ..passes.cached_attention import CachedAttention
 from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
 from .package import LLMPackage
 from .text import default_tokenizer, text_assets
 
 try:
-    from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, causal,
+    from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, State, causal,
                         decode_matches_prefill, decode_self_check, layer_kinds, probe_caches, slot_dependent)
 except ImportError as _e:  # transformers is an optional extra of circle_fx
-    DecodeStep = Prefill = causal = decode_matches_prefill = decode_self_check = None
+    DecodeStep = Prefill = State = causal = decode_matches_prefill = decode_self_check = None
     layer_kinds = probe_caches = slot_dependent = None
     ATTENTION_KINDS = STATE_KINDS = STATELESS_KINDS = ()
     _MISSING = _e
@@ -274,6 +275,8 @@ def _pipelines(rope_op: bool):
     decode_pipe, prefill_pipe = default_pipeline(), default_pipeline()
     for pipe in (decode_pipe, prefill_pipe):
         pipe.insert_after("fuse_rms_norm", GroupedQueryAttention())
+    # the decode step's attention over cat([cache, new row]) reads the cache without copying it
+    decode_pipe.insert_after("grouped_query_attention", CachedAttention())
     if not rope_op:  # the RoPE family is in the default pipeline; it fuses only the decode model
         decode_pipe.remove_pass("fuse_rope")
     return decode_pipe, prefill_pipe
@@ -355,6 +358,8 @@ def _export_cached(model, spec, rope_op, quantize):
             return None, None
         checks = _checks(model, spec)
         spec.kv_in_place = checks[1].kv_in_place = slot_dependent(*checks)
+        if _transpose_values(spec):  # value caches as [1, H, D, S]: the decode step reads them without a copy
+            _set_value_layout(spec, checks[1], transposed=True)
         decode_pipe, prefill_pipe = _pipelines(rope_op)
         caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
         ids1, pos = torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
@@ -363,6 +368,13 @@ def _export_cached(model, spec, rope_op, quantize):
         limits = {"max_seq_len": S, "inputs": {"position": {"index_range": [0, S - 1]}}}
         decode, why = _capture_decode(model, spec, (ids1, pos, caches), names, decode_pipe, quantize, limits, weights,
                                       checks)
+        if decode is not None and not values_read_in_place(decode, spec):
+            # the model's attention is not the one CachedAttention takes (eager attention's matmuls, ...):
+            # a transposed value cache would cost a TRANSPOSE per step, so keep the plain layout
+            _set_value_layout(spec, checks[1], transposed=False)
+            caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
+            decode, why = _capture_decode(model, spec, (ids1, pos, caches), names, decode_pipe, quantize, limits,
+                                          weights, checks)
         if decode is None:
             spec.recompute = why
             return None, None
@@ -382,6 +394,43 @@ def _export_cached(model, spec, rope_op, quantize):
             _no_buckets(spec, "prefill", e)
             prefill = [full_prefill]
         return decode, prefill
+
+
+#: ``"auto"``: value caches kept transposed when the decode step's attention can read them so (an SDPA
+#: model that does not write its K/V in place; checked after the capture, see :func:`values_read_in_place`);
+#: ``"always"`` tries it for every model (the tests' way to reach the check's fallback), ``"never"`` never
+TRANSPOSE_VALUES = "auto"
+
+
+def _transpose_values(spec) -> bool:
+    if TRANSPOSE_VALUES == "never" or spec.kv_in_place:
+        return False
+    # eager attention (float masks) is matmul + softmax + matmul, which CachedAttention does not take
+    return TRANSPOSE_VALUES == "always" or not spec.float_mask
+
+
+def _set_value_layout(spec, check_spec, transposed: bool) -> None:
+    """Keep the value caches (``State`` kind ``"value"``, carried at positions) as ``[1, H, D, S]``
+    (``transposed``) or ``[1, H, S, D]``, in ``spec`` and in the eager checks' spec."""
+    for sp in {id(spec): spec, id(check_spec): check_spec}.values():
+        sp.caches = [(c.transposed() if transposed else State(c.kind, c.layer, c.index, c.rows_shape, c.carry))
+                     if c.kind == "value" and c.carry == "position" and (c.axis == 3) != transposed else c
+                     for c in sp.caches]
+
+
+def values_read_in_place(decode, spec) -> bool:
+    """Does every transposed value cache input of the decode model feed only BATCH_MATMULs that read
+    it as it is (``adjointRhs``, from ``circle.cached_attention``)? Anything else (a TRANSPOSE of the
+    cache back to rows) would copy it on every step."""
+    from ..circle.schema import BO
+
+    b = decode.builder
+    wanted = {c.name for c in spec.caches if c.axis == 3}
+    inputs = {t for t, name in zip(b.inputs, b.input_names) if name in wanted}
+    for op in b.operators:
+        if inputs & set(op.inputs) and not (op.code == BO.BATCH_MATMUL and getattr(op.options, "adjointRhs", False)):
+            return False
+    return True
 
 
 def _no_buckets(spec, part: str, error) -> None:
@@ -530,14 +579,15 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None, on
     if pad is None:
         pad = getattr(cfg, "pad_token_id", None)
     shapes = {c.name: list(c.shape) for c in spec.caches}
-    kv = [list(c.shape) for c in spec.caches if c.kind in ("key", "value")]
+    kv = [list(c.rows_shape) for c in spec.caches if c.kind in ("key", "value")]
     kv_uniform = kv[0] if kv and len({tuple(v) for v in kv}) == 1 else None
-    uniform = kv_uniform if len(kv) == len(shapes) else None
+    uniform = kv_uniform if len(kv) == len(shapes) and len({tuple(v) for v in shapes.values()}) == 1 else None
     def io(part, cm, which):
         return mf.io_entries(cm.builder, which) if one is None else mf.io_entries(one.builder, which, prefix=f"{part}.")
 
     out = {
-        "format": mf.FORMAT, "version": mf.VERSION if one is not None else 1,
+        "format": mf.FORMAT, "version": (mf.TRANSPOSED_VERSION if any(c.axis == 3 for c in spec.caches) else mf.VERSION)
+        if one is not None else 1,
         "model": {"architecture": type(model).__name__, "model_type": getattr(cfg, "model_type", None),
                   "vocab_size": spec.vocab_size, "num_layers": spec.num_layers,
                   "num_kv_heads": kv_uniform[1] if kv_uniform else None,

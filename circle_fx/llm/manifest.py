@@ -10,7 +10,10 @@ false}`` (the bool input choosing the entry point), ``"signatures"``; ``prefill`
 ``entry``, every prefill input, every decode input; outputs: every prefill output, then every
 decode output). Bind every input once; after a run read only the outputs of the entry point run.
 Version 1 (still read): ``prefill.circle`` and ``decode.circle``, a session each, as below.
-Buckets (version 2, absent in packages written before them = one bucket each): ``prefill.buckets`` /
+Version 3: version 2 whose value caches are kept transposed, ``[1, H, D, S]`` (``cache.states[].axis``
+and ``cache_writes[].axis`` 3: the decode step reads them without copying, ``dialect/attention.py``); the host
+writes a new row ``[1, H, 1, D]`` as column ``position`` and a prefill's rows ``[1, H, n, D]`` as columns
+``0..n-1``. Buckets (version 2, absent in packages written before them = one bucket each): ``prefill.buckets`` /
 ``decode.buckets`` = ``{"lengths", "selector", "subgraphs"}``: the entry point is an IF chain over
 models of those prompt lengths / cache rows, chosen in the graph by ``last_index`` / ``position``
 (the smallest that holds it); the host does nothing different (docs/llm-package.md "Buckets").
@@ -128,8 +131,13 @@ import os
 from ..errors import InputError
 
 FORMAT, VERSION = "circle_fx.llm", 2
-#: the versions :func:`read` accepts: 1 = prefill.circle + decode.circle (two sessions), 2 = model.circle
-VERSIONS = (1, 2)
+#: the versions :func:`read` accepts: 1 = prefill.circle + decode.circle (two sessions), 2 = model.circle,
+#: 3 = model.circle with value caches kept transposed (a state's ``axis`` 3: ``[1, H, D, S]``, the host
+#: writes the new rows as columns; :data:`TRANSPOSED_VERSION`)
+VERSIONS = (1, 2, 3)
+#: the one-file version of a package with a state carried on axis 3: a host reading version 2 would
+#: write its rows on axis 2 (wrong), so it must refuse the package instead
+TRANSPOSED_VERSION = 3
 FILE = "manifest.json"
 MODEL_FILE = "model.circle"
 #: transformers' config of the model, as ONE's runner (runtime/ggma) reads it
@@ -201,7 +209,8 @@ def states(caches) -> list[dict]:
     """One entry per state tensor (:class:`~circle_fx.llm.cache.State`): what it is and how the
     host carries it between calls."""
     return [{"name": c.name, "output": c.output, "kind": c.kind, "layer": c.layer, "index": c.index,
-             "shape": list(c.shape), "dtype": "float32", "carry": c.carry} for c in caches]
+             "shape": list(c.shape), "dtype": "float32", "carry": c.carry,
+             **({"axis": c.axis} if c.carry == "position" else {})} for c in caches]
 
 
 #: what a package that recomputes pays (manifest ``decode.recompute.cost``)
@@ -222,7 +231,7 @@ def cache_writes(caches, rows: str, first_cache_row, count) -> list[dict]:
     out = []
     for c in caches:
         if c.carry == "position":
-            out.append({"output": c.output, "cache": c.name, "carry": c.carry, "axis": 2,
+            out.append({"output": c.output, "cache": c.name, "carry": c.carry, "axis": c.axis,
                         "first_cache_row": first_cache_row, "count": count, "rows": rows})
         else:
             out.append({"output": c.output, "cache": c.name, "carry": c.carry})

@@ -90,7 +90,9 @@ class LLMRunner:
         names = m["cache"]["names"]
         shapes = m["cache"].get("shapes") or {n: m["cache"]["shape"] for n in names}
         self.caches = {n: np.zeros(shapes[n], np.float32) for n in names}
-        self._writes = [(w["output"], w["cache"], w.get("carry", "position")) for w in m["decode"]["cache_writes"]]
+        # (output, cache, carry, axis): axis 3 = a value cache kept [1, H, D, S] (manifest version 3)
+        self._writes = [(w["output"], w["cache"], w.get("carry", "position"), w.get("axis", 2))
+                        for w in m["decode"]["cache_writes"]]
         # a model with conv / recurrent states prefills exact prompts only (manifest prefill.pads)
         self.prefill_pads = m["prefill"].get("pads", True)
         # prompt lengths the prefill computes (manifest prefill.buckets; older packages: prefill_len):
@@ -136,8 +138,10 @@ class LLMRunner:
         if n < self.prefill_len and not self.prefill_pads:
             raise InputError(f"this model carries conv / recurrent state: its prefill takes exactly "
                              f"{self.prefill_len} ids (a padded prompt would leave the state after the padding), got {n}")
-        for out, cache, carry in self._writes:
-            if carry == "position":
+        for out, cache, carry, axis in self._writes:
+            if carry == "position" and axis == 3:
+                self.caches[cache][:, :, :, :n] = np.swapaxes(self.prefill.output(self._pout[out])[:, :, :n, :], 2, 3)
+            elif carry == "position":
                 self.caches[cache][:, :, :n, :] = self.prefill.output(self._pout[out])[:, :, :n, :]
             else:
                 self.caches[cache][...] = self.prefill.output(self._pout[out])
@@ -153,8 +157,10 @@ class LLMRunner:
         self._id[0, position if self.recompute else 0] = token
         self._pos[0] = position
         self._run(self.decode, "decode")
-        for out, cache, carry in self._writes:
-            if carry == "position":
+        for out, cache, carry, axis in self._writes:
+            if carry == "position" and axis == 3:
+                self.caches[cache][:, :, :, position] = self.decode.output(self._dout[out])[:, :, 0, :]
+            elif carry == "position":
                 self.caches[cache][:, :, position, :] = self.decode.output(self._dout[out])[:, :, 0, :]
             else:
                 self.caches[cache][...] = self.decode.output(self._dout[out])

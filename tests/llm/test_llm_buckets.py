@@ -63,12 +63,17 @@ def test_a_step_reads_only_its_bucket(package):
     r = LLMRunner(d)
     r.run_prefill([5, 17, 9, 33, 42])
     clean = r.step(7, 5).copy()
-    for c in r.caches.values():
-        c[:, :, 8:, :] = np.nan
+    axis = {s["name"]: s.get("axis", 2) for s in r.manifest["cache"]["states"]}  # values: [1, H, D, S]
+
+    def rows(name, lo, hi):
+        return (slice(None),) * axis[name] + (slice(lo, hi),)
+
+    for n, c in r.caches.items():
+        c[rows(n, 8, None)] = np.nan
     np.testing.assert_allclose(r.step(7, 5), clean, atol=1e-5)
     assert np.isnan(r.step(7, 8)).all()  # position 8 runs the 16-row bucket, which reads the NaN rows
-    for c in r.caches.values():
-        c[:, :, 8:16, :] = 0.0
+    for n, c in r.caches.items():
+        c[rows(n, 8, 16)] = 0.0
     assert np.isfinite(r.step(7, 12)).all()
     assert np.isnan(r.step(7, 16)).all()  # the full bucket
 

@@ -36,28 +36,34 @@ def test_manifest_matches_the_circle_files(saved):
         m = json.load(f)
     cfg = model.config
     assert m["max_seq_len"] == S and m["prefill_len"] == P and m["format"] == "circle_fx.llm"
-    assert m["cache"]["shape"] == [1, cfg.num_key_value_heads, S, cfg.hidden_size // cfg.num_attention_heads]
+    H, D = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    # keys [1, H, S, D]; values kept transposed [1, H, D, S] (axis 3: read by the decode step without a copy)
+    assert m["cache"]["shape"] is None and m["model"]["num_kv_heads"] == H and m["model"]["head_dim"] == D
     L = cfg.num_hidden_layers
     assert m["cache"]["names"] == [f"{k}_cache_{i}" for i in range(L) for k in ("key", "value")]
+    want = {n: [1, H, S, D] if n.startswith("key") else [1, H, D, S] for n in m["cache"]["names"]}
+    assert m["cache"]["shapes"] == want
+    assert {s["name"]: s["axis"] for s in m["cache"]["states"]} == {n: 2 if n.startswith("key") else 3 for n in want}
     dec_in = {e["name"]: e for e in m["decode"]["inputs"]}
     assert dec_in["input_ids"]["shape"] == [1, 1] and dec_in["input_ids"]["dtype"] == "int32"
     assert dec_in["position"]["shape"] == [1] and dec_in["position"]["dtype"] == "int32"
     for n in m["cache"]["names"]:
-        assert dec_in[n]["shape"] == m["cache"]["shape"] and dec_in[n]["dtype"] == "float32"
+        assert dec_in[n]["shape"] == want[n] and dec_in[n]["dtype"] == "float32"
     dec_out = {e["name"]: e for e in m["decode"]["outputs"]}
     assert dec_out["logits"]["shape"] == [1, 1, cfg.vocab_size]
     pre_out = {e["name"]: e for e in m["prefill"]["outputs"]}
-    for w in m["decode"]["cache_writes"]:
-        assert dec_out[w["output"]]["shape"] == m["cache"]["shape"][:2] + [1] + m["cache"]["shape"][3:]
-        assert w["cache"] in dec_in and w["axis"] == 2 and w["first_cache_row"] == "position" and w["count"] == 1
+    for w in m["decode"]["cache_writes"]:  # new rows as the model makes them, whatever the cache's layout
+        assert dec_out[w["output"]]["shape"] == [1, H, 1, D]
+        assert w["axis"] == (2 if w["cache"].startswith("key") else 3)
+        assert w["cache"] in dec_in and w["first_cache_row"] == "position" and w["count"] == 1
     for w in m["prefill"]["cache_writes"]:
-        assert pre_out[w["output"]]["shape"] == m["cache"]["shape"][:2] + [P] + m["cache"]["shape"][3:]
+        assert pre_out[w["output"]]["shape"] == [1, H, P, D]
         assert w["first_cache_row"] == 0 and w["count"] == "length"
     # the slots in the manifest are the file's real input/output order and names: one session
     # (subgraph 0, the IF dispatch) takes the entry flag and every entry point's inputs
     from circle_fx.circle.runtime import OnertSession
 
-    assert m["version"] == 2 and m["file"] == "model.circle" and m["entry"]["index"] == 0
+    assert m["version"] == 3 and m["file"] == "model.circle" and m["entry"]["index"] == 0
     sess = OnertSession(os.path.join(d, m["file"])).session.session
     assert sess.input_size() == 1 + len(m["prefill"]["inputs"]) + len(m["decode"]["inputs"])
     assert sess.output_size() == len(m["prefill"]["outputs"]) + len(m["decode"]["outputs"])
@@ -99,7 +105,7 @@ def test_old_packages_still_run(saved, tmp_path):
     m = json.load(open(old / "manifest.json"))
     m["version"] = 7
     json.dump(m, open(old / "manifest.json", "w"))
-    with pytest.raises(circle_fx.InputError, match="version 7; this circle_fx reads 'circle_fx.llm' versions 1, 2"):
+    with pytest.raises(circle_fx.InputError, match="version 7; this circle_fx reads 'circle_fx.llm' versions 1, 2, 3"):
         LLMRunner(old)
 
 

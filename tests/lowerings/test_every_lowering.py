@@ -22,6 +22,7 @@ from circle_fx.fusions.rms_norm import rms_norm
 from circle_fx.fusions.rope import rope
 from circle_fx.fusions.silu import silu
 from circle_fx.fusions.linear_activation import linear_act
+from circle_fx.dialect.attention import cached_attention
 from circle_fx.dialect.nhwc import avg_pool2d_nhwc, conv2d_nhwc, max_pool2d_nhwc
 from circle_fx.dialect.weights import conv2d_w8, embedding_ggml, embedding_w8, linear_ggml, linear_w8
 from circle_fx.source import op_name
@@ -294,6 +295,12 @@ CASES = {
     conv2d_nhwc: (torch.nn.Conv2d(3, 4, 3, padding=1), (r(1, 3, 6, 6),)),
     max_pool2d_nhwc: (torch.nn.MaxPool2d(3, 2, 1), (r(1, 2, 7, 7),)),
     avg_pool2d_nhwc: (torch.nn.AvgPool2d(3, 2, 1), (r(1, 2, 7, 7),)),
+    # a decode step's grouped attention over the first 6 rows of a 9-row cache (a bucket; rows 4, 5 masked)
+    # + one new row, V^T cache
+    cached_attention: (Fn(lambda q, kp, kn, vt, vn, pos: cached_attention(
+        q, kp, kn, vt, vn, (torch.tensor([0, 1, 2, 3, 4, 5, -1]) < pos).view(1, 1, 1, 7), 0.35, True, 6)),
+        (r(1, 4, 1, 8, seed=5), r(1, 2, 9, 8, seed=6), r(1, 2, 1, 8, seed=7), r(1, 2, 8, 9, seed=8),
+         r(1, 2, 1, 8, seed=9), torch.tensor([4]))),
 }
 
 #: GGML block weights: onert runs them only on CPUs its ggml build supports (AVX-512); elsewhere
