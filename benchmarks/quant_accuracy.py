@@ -34,7 +34,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -54,6 +54,11 @@ class Mode:
     build: object = None
     #: the QuantConfig gets ``importance=activation_importance(model, calibration texts)``
     calibrated: bool = False
+    #: False: the preset's calibration is denied the tokenizer it finds beside the checkpoint (the GGUF's
+    #: vocabulary), so it runs on seeded random ids, as for a model with no tokenizer saved beside it
+    tokenizer: bool = True
+    #: ``activation_importance(..., gptq=True)``: GPTQ's rounding on the calibration texts (opt-in)
+    gptq: bool = False
 
 
 def _mixed(name: str, embedding="uint8-rows", lm_head="q8_0", **overrides) -> Mode:
@@ -103,9 +108,12 @@ MODES = [
     _plain("q4_0-plain", "q4_0", lm_head="q4_0"),
     # the preset's lm_head Q8_0, no calibration
     _plain("q4_0+head8-plain", "q4_0"),
-    # the preset as a user types it: lm_head Q8_0, Q4_0 scales weighted by data-free calibration (text the
-    # model generates itself: circle_fx/quant/datafree.py); "export s" includes the calibration
+    # the preset as a user types it: lm_head Q8_0, Q4_0 scales weighted by calibration on the built-in corpus
+    # (circle_fx/quant/corpus.py: pydoc topics but "execmodel"), tokenized by the tokenizer found beside the
+    # checkpoint (its GGUF's vocabulary); "export s" includes the calibration
     Mode("q4_0", {"quantize": "q4_0"}, {"quantize": "q4_0"}),
+    # the preset for a model with no tokenizer beside its weights: calibrated on seeded random ids
+    Mode("q4_0 (random ids)", {"quantize": "q4_0"}, {"quantize": "q4_0"}, tokenizer=False),
     # the preset with lm_head, down_proj, layers 0, 1, 28, 29 at Q8_0 (= q4_0+emb4+head8+down8+ends8)
     Mode("q4_0-mix", {"quantize": "q4_0-mix"}, {"quantize": "q4_0-mix"}),
     # mixes (``--modes`` picks rows): emb/head = the embedding table's and lm_head's encodings (4: Q4_0,
@@ -127,6 +135,8 @@ MODES = [
     # the preset calibrated on text instead of data-free: the row the default is measured against
     _calibrated("q4_0+imatrix+head8", "q4_0"),
     _calibrated("q4_0-mix+imatrix", "q4_0-mix"),
+    # GPTQ in the Q4_0 grid on the calibration topics (opt-in: activation_importance(..., gptq=True))
+    replace(_calibrated("q4_0+gptq+head8", "q4_0"), gptq=True),
 ]
 
 
@@ -139,7 +149,8 @@ def _calibrated_on(cm) -> str:
     imp = record.config.importance
     if imp is None:
         return "none"
-    return "data-free" if "data-free" in (getattr(imp, "source", "") or "") else "text"
+    source = getattr(imp, "source", "") or ""
+    return "data-free" if "data-free" in source else "built-in corpus" if "built-in corpus" in source else "text"
 
 
 def _with_importance(mode: Mode, importance) -> Mode:
@@ -160,7 +171,7 @@ def _export(model, ids, mode: Mode):
 
     kwargs = dict(mode.export_kwargs)
     if "quantize" in kwargs:  # what export() does first: the preset's data-free calibration, timed with it
-        kwargs["quantize"] = quant_plan(kwargs["quantize"]).calibrated(model)
+        kwargs["quantize"] = quant_plan(kwargs["quantize"]).calibrated(model, encode=None if mode.tokenizer else False)
     program = circle_fx.capture(model, (ids,), example_kwargs={"use_cache": False})
     return circle_fx.api.lower(program, **kwargs), program
 
@@ -200,6 +211,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--modes", nargs="*", default=[m.name for m in MODES])
     ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--eval", default="execmodel", choices=("execmodel", "LICENSE"),
+                    help="the evaluation text: pydoc's 'execmodel' topic, or CPython's LICENSE (outside the pydoc "
+                         "topics: a text no calibration here reads)")
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--position", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
@@ -220,13 +234,18 @@ def main(argv=None) -> int:
         print(checkpoint.SKIP_REASON)
         return 1
     model, tok = checkpoint.load_model(), checkpoint.load_tokenizer()
-    ids = checkpoint.eval_ids(args.tokens)
+    if args.eval == "LICENSE":
+        with open(os.path.join(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}",
+                               "LICENSE.txt"), encoding="utf-8") as f:
+            ids = tok(f.read(), return_tensors="pt").input_ids[:, :args.tokens]
+    else:
+        ids = checkpoint.eval_ids(args.tokens)
     with torch.no_grad():
         ref = model(ids).logits.numpy()
     prompt_ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     if not isinstance(prompt_ids, list):
         prompt_ids = list(prompt_ids["input_ids"])
-    print(f"SmolLM2-135M-Instruct, {args.tokens} tokens of pydoc_data.topics['execmodel']; "
+    print(f"SmolLM2-135M-Instruct, {ids.shape[1]} tokens of {args.eval}; "
           f"eager float32 perplexity {checkpoint.perplexity(ref, ids):.3f}", flush=True)
 
     rows, notes, float_tokens, importance = [], [], None, None
@@ -240,7 +259,14 @@ def main(argv=None) -> int:
 
                     importance = activation_importance(model, checkpoint.calibration_ids())
                     importance.source = f"pydoc topics {', '.join(checkpoint.CALIBRATION_TOPICS)}"
-                mode = _with_importance(mode, importance)
+                if mode.gptq:
+                    from circle_fx.quant import activation_importance
+
+                    imp = activation_importance(model, checkpoint.calibration_ids(), gptq=True)
+                    imp.source = f"pydoc topics {', '.join(checkpoint.CALIBRATION_TOPICS)} + GPTQ"
+                    mode = _with_importance(mode, imp)
+                else:
+                    mode = _with_importance(mode, importance)
             t0 = time.perf_counter()
             cm, program = _export(model, ids, mode)
             row = {"mode": name, "MB": cm.size / 1e6, "export s": time.perf_counter() - t0,

@@ -39,7 +39,7 @@ from ..passes.cached_attention import CachedAttention
 from ..passes.gqa import GroupedQueryAttention
 from . import manifest as mf
 from .package import LLMPackage
-from .text import default_tokenizer, text_assets
+from .text import default_tokenizer, text_assets, text_encoder
 
 try:
     from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, State, causal,
@@ -496,14 +496,17 @@ def export_llm(model, max_seq_len: int, prefill_len: int | None = None, *, rope_
         raise InputError(f"export_llm needs transformers (pip install transformers): {_MISSING}")
     plan = quant_plan(quantize).fitted(model)  # a bad value fails before the (slow) captures
     STAGES.clear()
-    with _stage("calibration"):  # q4_0's data-free importance: not for a weightless (streamed) model
+    if isinstance(tokenizer, str) and tokenizer == "auto":
+        tokenizer = default_tokenizer(model)
+    text, assets = text_assets(tokenizer, model)  # a bad tokenizer fails before the calibration too
+    with _stage("calibration"):  # q4_0's data-free calibration: not for a weightless (streamed) model
         plan = plan.calibrated(model, why_not=None if _checkpoint(model) is None else
                                "its weights are streamed from the checkpoint as they are packed (no float copy "
-                               "to run); --calibration FILE, or load it in memory, calibrates")
+                               "to run); --calibration FILE, or load it in memory, calibrates",
+                               encode=text_encoder(tokenizer))
     with model_errors(model):
         spec = model_spec(model, max_seq_len, prefill_len)
     spec.decode_buckets, spec.prefill_buckets = bucket_lengths(buckets, spec.max_seq_len, spec.prefill_len)
-    text, assets = text_assets(default_tokenizer(model) if isinstance(tokenizer, str) and tokenizer == "auto" else tokenizer, model)
     training = model.training
     model.eval()
     try:

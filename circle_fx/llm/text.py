@@ -81,6 +81,15 @@ def text_assets(tokenizer, model) -> tuple[dict, dict[str, str]]:
     return section, files
 
 
+def text_encoder(tokenizer):
+    """``text -> ids`` (no special tokens) for what ``export_llm(tokenizer=...)`` takes, or None
+    for None: the q4_0 calibration tokenizes its built-in corpus with it."""
+    if tokenizer is None:
+        return None
+    backend, _ = _backend(tokenizer)
+    return lambda text: backend.encode(text, add_special_tokens=False).ids
+
+
 def default_tokenizer(model):
     """The tokenizer saved next to the model's weights, when the model came from a local
     ``save_pretrained`` directory that has one; else None."""

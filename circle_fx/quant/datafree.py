@@ -76,6 +76,81 @@ def _weightless(model: nn.Module) -> bool:
     return any(p.is_meta or is_lazy(p) or (p.numel() > 1 and not any(p.stride())) for p in model.parameters())
 
 
+def corpus_importance(model: nn.Module, encode):
+    """``(Importance, None)`` from the model run on the built-in corpus (:mod:`.corpus`) tokenized
+    by ``encode``, or ``(None, reason)``: the default when the export has the model's tokenizer.
+    Only the importance (mean ``x^2`` per input column) for the weighted scale search: GPTQ on so
+    few tokens was measured worse out of the corpus' domain (:mod:`.corpus`)."""
+    from . import corpus
+    from .importance import LinearStats
+
+    lm = causal_lm(model)
+    if lm is None:
+        return None, "not a transformers causal LM (no token ids to run it on)"
+    if _weightless(model):
+        return None, "its weights are streamed from the checkpoint (no float copy to run)"
+    cfg = lm.config
+    bos = cfg.bos_token_id if isinstance(cfg.bos_token_id, int) and 0 <= cfg.bos_token_id < cfg.vocab_size else None
+    try:
+        seqs = corpus.corpus_ids(encode, bos)
+    except Exception as e:  # the tokenizer's own code
+        return None, f"the tokenizer failed on the corpus ({type(e).__name__}: {str(e)[:120]})"
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    seqs = [s[:limit] if isinstance(limit, int) and limit > 1 else s for s in seqs]
+    seqs = [s for s in seqs if len(s) >= 2 and all(0 <= t < cfg.vocab_size for t in s)]
+    if not seqs:
+        return None, "the tokenizer gave no ids inside the model's vocabulary"
+    t0 = time.perf_counter()
+    training = model.training
+    model.eval()
+    stats = LinearStats(model)
+    try:
+        with torch.no_grad(), stats:
+            for s in seqs:
+                lm(input_ids=torch.tensor([s]), use_cache=False)
+    except Exception as e:  # the model's own code: it cannot be run this way
+        return None, f"running it on the corpus failed ({type(e).__name__}: {str(e)[:120]})"
+    finally:
+        model.train(training)
+    imp = stats.importance(samples=len(seqs))
+    if imp is None:
+        return None, "no nn.Linear ran on the corpus"
+    imp.source = f"{sum(len(s) for s in seqs)} tokens of {corpus.NAME} ({time.perf_counter() - t0:.1f} s)"
+    return imp, None
+
+
+def saved_tokenizer(model):
+    """``text -> ids`` from the tokenizer saved next to the model's weights
+    (``config._name_or_path``): its ``tokenizer.json`` (a ``save_pretrained`` directory, a hub
+    snapshot), or the vocabulary inside the directory's one ``.gguf`` file (a model transformers
+    loaded with ``gguf_file=``); None when there is none or it cannot be read (random ids then)."""
+    import contextlib
+    import io
+    import os
+
+    lm = causal_lm(model)
+    path = getattr(getattr(lm, "config", None), "_name_or_path", None) or ""
+    if not path or not os.path.isdir(path):
+        return None
+    file = os.path.join(path, "tokenizer.json")
+    try:
+        if os.path.isfile(file):
+            import tokenizers
+
+            tok = tokenizers.Tokenizer.from_file(file)
+            return lambda text: tok.encode(text, add_special_tokens=False).ids
+        ggufs = [f for f in os.listdir(path) if f.endswith(".gguf")]
+        if len(ggufs) != 1:
+            return None
+        from transformers import AutoTokenizer
+
+        with contextlib.redirect_stderr(io.StringIO()):  # its GGUF reader prints progress bars
+            hf = AutoTokenizer.from_pretrained(path, gguf_file=ggufs[0])
+        return lambda text: hf(text, add_special_tokens=False).input_ids
+    except Exception:  # not ours to judge here: the export goes on with random ids
+        return None
+
+
 def datafree_importance(model: nn.Module, sequences: int = SEQUENCES, tokens: int = TOKENS,
                          passes: int = PASSES, seed: int = SEED):
     """``(Importance, None)`` from ``sequences`` x ``tokens`` data-free token ids (names relative to

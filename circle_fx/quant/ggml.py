@@ -206,14 +206,28 @@ def mapped_empty(shape, dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, n), dtype).reshape(shape)
 
 
+def _q4_0_given(b: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """Blocks ``b`` [n, 32] with their scales given (float16-representable ``d`` [n], GPTQ's:
+    :mod:`circle_fx.quant.gptq_q4`): the codes of ``b`` on that grid, no search."""
+    n = len(b)
+    s = _scratch(n)
+    q = _codes(np.ascontiguousarray(b.T), d.astype(np.float32), s).astype(np.uint8)
+    rec = np.empty(n, Q4_0.record())
+    rec["d"] = d
+    rec["q"] = (q[:BLOCK // 2] | (q[BLOCK // 2:] << 4)).T
+    return rec, 0.0, 0.0
+
+
 def pack(w: torch.Tensor, kind: BlockType, search: bool = True,
-         importance: np.ndarray | None = None) -> tuple[torch.Tensor, float, float]:
+         importance: np.ndarray | None = None, scales: np.ndarray | None = None) -> tuple[torch.Tensor, float, float]:
     """``(blocks, err_plain, err_chosen)``: ``w`` [rows, cols] (cols a multiple of 32) as a uint8
     tensor [rows, cols / 32 * block_bytes] in ggml's layout, and the total squared error of ggml's
     plain Q4_0 scale and of the chosen one (both 0 for Q8_0), weighted by ``importance`` [cols]
     when given (Q4_0 only: Q8_0 keeps ggml's rule). Raises ValueError on a bad shape or
     non-finite values. A merged weight (``StackedTensor``) is packed part by part into its rows
-    (blocks run along the input dim, so stacking rows stacks their blocks): never concatenated."""
+    (blocks run along the input dim, so stacking rows stacks their blocks): never concatenated.
+    ``scales`` [rows, cols / 32] (Q4_0 only): every block's scale is given (``w`` already lies on
+    that grid, GPTQ's rounding): its codes are packed as they are (both errors 0)."""
     if w.dim() != 2 or w.shape[1] % BLOCK:
         raise ValueError(f"GGML blocks need a 2-D weight whose last dim is a multiple of {BLOCK}, "
                          f"got shape {tuple(w.shape)}")
@@ -224,10 +238,19 @@ def pack(w: torch.Tensor, kind: BlockType, search: bool = True,
             raise ValueError(f"importance has shape {importance.shape}, expected ({cols},)")
         # a column that never carried signal keeps a little weight: no block's error is all zero
         importance = np.maximum(importance, importance.mean() * 1e-6 + 1e-30).reshape(1, -1, BLOCK)
+    if scales is not None:
+        scales = np.asarray(scales, np.float32)
+        if kind is not Q4_0 or scales.shape != (rows, cols // BLOCK):
+            raise ValueError(f"given scales need Q4_0 and shape {(rows, cols // BLOCK)}, got {kind.name} "
+                             f"{scales.shape}")
     out = mapped_empty((rows, kind.row_bytes(cols)), np.uint8)
 
     def one(i, chunk):
         blocks = chunk.reshape(-1, BLOCK)
+        if scales is not None:
+            rec, p, c = _q4_0_given(blocks, scales[i:i + len(chunk)].reshape(-1))
+            out[i:i + len(chunk)] = rec.view(np.uint8).reshape(len(chunk), -1)
+            return p, c
         imp = None if importance is None else np.broadcast_to(
             importance, (len(chunk), cols // BLOCK, BLOCK)).reshape(-1, BLOCK)
         rec, p, c = _q8_0(blocks) if kind is Q8_0 else _q4_0(blocks, search, imp)

@@ -49,6 +49,9 @@ class Importance(Mapping):
         #: what the values were measured on, for ``summary()`` / the CLI (set by whoever measured them)
         self.source = "values given to QuantConfig(importance=...)" if samples is None else \
             f"{samples} sample(s), {rows} rows"
+        #: GPTQ's Q4_0 blocks measured on the same samples (:class:`~.gptq_q4.Rounding`), or None:
+        #: the export packs them instead of searching each block's scale
+        self.rounding = None
 
     def __getitem__(self, name):
         return self._values[name]
@@ -139,13 +142,19 @@ class LinearStats:
         return Importance(values, samples=samples, rows=rows) if values else None
 
 
-def activation_importance(model: nn.Module, samples: Iterable) -> Importance:
+def activation_importance(model: nn.Module, samples: Iterable, gptq: bool = False) -> Importance:
     """Run ``model`` in eager PyTorch on each of ``samples`` (a tensor such as token ids ``[1, n]``,
     a tuple of positional arguments, or a dict of keyword arguments) and return the mean ``x^2``
     per input column of every ``nn.Linear`` that ran. Use text like what the model will see, and
-    not the text you evaluate on; a few thousand tokens are plenty."""
+    not the text you evaluate on; a few thousand tokens are plenty.
+
+    ``gptq``: also round every Q4_0 linear by GPTQ on the same samples (``Importance.rounding``,
+    :mod:`circle_fx.quant.gptq_q4`; the model runs once more per chunk of layers): the export
+    packs those blocks (the output head keeps the weighted search). Real text only: on random ids
+    GPTQ fits their correlations, not text's (docs in :mod:`circle_fx.quant.corpus`)."""
     if not isinstance(model, nn.Module):
         raise InputError(f"activation_importance: model must be a torch.nn.Module, got {type(model).__name__}")
+    samples = list(samples) if gptq else samples
     stats = LinearStats(model)
     count = 0
     with torch.no_grad(), stats:
@@ -162,4 +171,24 @@ def activation_importance(model: nn.Module, samples: Iterable) -> Importance:
     if imp is None:
         raise InputError("activation_importance: no nn.Linear ran on the samples")
     imp.source = f"{count} caller-given sample(s), {imp.rows} rows"
+    if gptq:
+        from .gptq_q4 import gptq_q4_0_rounding
+
+        # the output head (kept at Q8_0 by the q4_0 preset) of the model or of the LM a wrapper holds
+        head = next((m.get_output_embeddings() for m in model.modules()
+                     if callable(getattr(m, "get_output_embeddings", None))), None)
+
+        def run():
+            for sample in samples:
+                _call(model, sample)
+
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                imp.rounding = gptq_q4_0_rounding(model, run, skip=[head] if isinstance(head, nn.Module) else [],
+                                                  importance=imp)
+        finally:
+            model.train(training)
+        imp.source += f", GPTQ rounding for {len(imp.rounding)} weight(s)"
     return imp

@@ -32,17 +32,28 @@ class QuantPlan:
     #: the static quantization target the caller named (None: ``"onert"`` when the model has Q/DQ nodes)
     target: str | None = None
 
-    def calibrated(self, model, why_not: str | None = None) -> "QuantPlan":
+    def calibrated(self, model, why_not: str | None = None, encode=None) -> "QuantPlan":
         """This plan with the data-free Q4_0 importance of ``model`` when its config wants it
         (:attr:`~.config.QuantConfig.wants_calibration`), else itself. ``why_not``: the caller
-        knows it cannot run the model (recorded as the reason instead of trying)."""
+        knows it cannot run the model (recorded as the reason instead of trying). ``encode``
+        (``text -> ids``, the model's tokenizer; else the ``tokenizer.json`` saved beside its
+        weights, if any; False: none): calibrate on the built-in corpus (:func:`.datafree.corpus_importance`);
+        without one, or when that fails, on seeded random ids (:func:`.datafree.datafree_importance`)."""
         cfg = self.weights
         if cfg is None or not cfg.wants_calibration:
             return self
         if why_not is None:
-            from .datafree import datafree_importance
+            from .datafree import corpus_importance, datafree_importance
 
-            importance, why_not = datafree_importance(model)
+            if encode is None:
+                from .datafree import saved_tokenizer
+
+                encode = saved_tokenizer(model)
+            importance, why_corpus = corpus_importance(model, encode) if encode else (None, None)
+            if importance is None:
+                importance, why_not = datafree_importance(model)
+                if importance is not None and why_corpus:
+                    importance.source += f" (not the built-in corpus: {why_corpus})"
             if importance is not None:
                 return replace(self, weights=replace(cfg, importance=importance))
         return replace(self, weights=replace(cfg, calibration_note=f"not calibrated: {why_not}"))

@@ -93,6 +93,10 @@ class QuantizationRecord:
     #: Q4_0 linear weights whose scales were weighted by ``QuantConfig.importance`` / had none there
     weighted: list = field(default_factory=list)
     unweighted: list = field(default_factory=list)
+    #: of the weighted ones, those packed from GPTQ's rounding (``Importance.rounding``) / not (their
+    #: weight changed after calibration, or GPTQ did not measure it): the weighted scale search
+    gptq: list = field(default_factory=list)
+    not_gptq: list = field(default_factory=list)
 
     def add(self, name, linears, embeddings, shape, encoding, nbytes) -> None:
         kinds = "+".join(k for k, users in (("linear", linears), ("embedding", embeddings)) if users)
@@ -132,7 +136,10 @@ class QuantizationRecord:
         cfg = self.config
         if cfg.importance is not None:
             source = getattr(cfg.importance, "source", None)
-            return [f"q4_0 scales weighted by activation importance: {len(self.weighted)} weight(s)"
+            how = (f" ({len(self.gptq)} rounded by GPTQ on the same samples"
+                   + (f"; {len(self.not_gptq)} by the weighted search: {compact_names(self.not_gptq)}"
+                      if self.not_gptq else "") + ")") if self.gptq or self.not_gptq else ""
+            return [f"q4_0 scales weighted by activation importance: {len(self.weighted)} weight(s)" + how
                     + (f", calibrated on {source}" if source else "")
                     + (f"; none given for {len(self.unweighted)} (plain search): {compact_names(self.unweighted)}"
                        if self.unweighted else "")]
@@ -414,8 +421,9 @@ class QuantizeWeights(Pass):
     def _rewrite_ggml(self, program, attr, w, linears, embeddings, record, name, kind) -> None:
         g = program.graph
         imp = self._importance(name, w, linears, kind, record)
+        rounded = self._gptq(name, w, imp, record)
         try:
-            blocks, err_plain, err_chosen = self._once(
+            blocks, err_plain, err_chosen = (rounded, 0.0, 0.0) if rounded is not None else self._once(
                 w, kind if imp is None else f"{kind} importance",
                 lambda: ggml_pack(w, ggml.BY_NAME[kind], importance=imp))
         except ValueError as e:
@@ -439,6 +447,16 @@ class QuantizeWeights(Pass):
         imp = table.for_weight(name, int(w.shape[1]))
         (record.weighted if imp is not None else record.unweighted).append(name)
         return imp
+
+    def _gptq(self, name, w, imp, record):
+        """GPTQ's blocks for this Q4_0 linear weight from the calibration (``Importance.rounding``),
+        or None: none measured, or ``w`` is no longer the weight they were computed from."""
+        rounding = getattr(self.config.importance, "rounding", None)
+        if imp is None or rounding is None:
+            return None
+        blocks = rounding.for_weight(name, w)
+        (record.gptq if blocks is not None else record.not_gptq).append(name)
+        return blocks
 
     def _rewrite_int8(self, program, attr, w, linears, embeddings, record, name) -> None:
         g = program.graph
