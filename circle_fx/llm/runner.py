@@ -90,7 +90,14 @@ class LLMRunner:
         names = m["cache"]["names"]
         shapes = m["cache"].get("shapes") or {n: m["cache"]["shape"] for n in names}
         self.caches = {n: np.zeros(shapes[n], np.float32) for n in names}
-        self._writes = [(w["output"], w["cache"], w.get("carry", "position")) for w in m["decode"]["cache_writes"]]
+        # (output, cache, carry, ring rows): "position" rows go to the token's position, "ring" rows
+        # (a sliding-window layer's K/V, version 3) to position % ring, "replace" states are replaced
+        self._writes = [(w["output"], w["cache"], w.get("carry", "position"), w.get("ring"))
+                        for w in m["decode"]["cache_writes"]]
+        unknown = {c for _, _, c, _ in self._writes} - {"position", "ring", "replace"}
+        if unknown:
+            raise InputError(f"{self.directory}: cache carry {sorted(unknown)} is not one this circle_fx knows "
+                             f"(manifest version {m.get('version')})")
         # a model with conv / recurrent states prefills exact prompts only (manifest prefill.pads)
         self.prefill_pads = m["prefill"].get("pads", True)
         # prompt lengths the prefill computes (manifest prefill.buckets; older packages: prefill_len):
@@ -136,9 +143,12 @@ class LLMRunner:
         if n < self.prefill_len and not self.prefill_pads:
             raise InputError(f"this model carries conv / recurrent state: its prefill takes exactly "
                              f"{self.prefill_len} ids (a padded prompt would leave the state after the padding), got {n}")
-        for out, cache, carry in self._writes:
+        for out, cache, carry, ring in self._writes:
             if carry == "position":
                 self.caches[cache][:, :, :n, :] = self.prefill.output(self._pout[out])[:, :, :n, :]
+            elif carry == "ring":  # the last `ring` positions, each at its slot (the ring holds nothing older)
+                first = max(0, n - ring)
+                self.caches[cache][:, :, np.arange(first, n) % ring, :] = self.prefill.output(self._pout[out])[:, :, first:n, :]
             else:
                 self.caches[cache][...] = self.prefill.output(self._pout[out])
         return self.prefill.output(self._pout["logits"]).reshape(-1)
@@ -153,9 +163,11 @@ class LLMRunner:
         self._id[0, position if self.recompute else 0] = token
         self._pos[0] = position
         self._run(self.decode, "decode")
-        for out, cache, carry in self._writes:
+        for out, cache, carry, ring in self._writes:
             if carry == "position":
                 self.caches[cache][:, :, position, :] = self.decode.output(self._dout[out])[:, :, 0, :]
+            elif carry == "ring":
+                self.caches[cache][:, :, position % ring, :] = self.decode.output(self._dout[out])[:, :, 0, :]
             else:
                 self.caches[cache][...] = self.decode.output(self._dout[out])
         return self.decode.output(self._dout["logits"]).reshape(-1)

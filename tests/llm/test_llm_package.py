@@ -57,7 +57,7 @@ def test_manifest_matches_the_circle_files(saved):
     # (subgraph 0, the IF dispatch) takes the entry flag and every entry point's inputs
     from circle_fx.circle.runtime import OnertSession
 
-    assert m["version"] == 2 and m["file"] == "model.circle" and m["entry"]["index"] == 0
+    assert m["version"] == 3 and m["file"] == "model.circle" and m["entry"]["index"] == 0
     sess = OnertSession(os.path.join(d, m["file"])).session.session
     assert sess.input_size() == 1 + len(m["prefill"]["inputs"]) + len(m["decode"]["inputs"])
     assert sess.output_size() == len(m["prefill"]["outputs"]) + len(m["decode"]["outputs"])
@@ -99,7 +99,7 @@ def test_old_packages_still_run(saved, tmp_path):
     m = json.load(open(old / "manifest.json"))
     m["version"] = 7
     json.dump(m, open(old / "manifest.json", "w"))
-    with pytest.raises(circle_fx.InputError, match="version 7; this circle_fx reads 'circle_fx.llm' versions 1, 2"):
+    with pytest.raises(circle_fx.InputError, match="version 7; this circle_fx reads 'circle_fx.llm' versions 1, 2, 3"):
         LLMRunner(old)
 
 

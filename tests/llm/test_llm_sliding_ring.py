@@ -1,0 +1,143 @@
+"""Sliding-window layers keep and read only their window (issue 32 item 4): each sliding layer's
+K/V is a ring of ``window - 1`` rows (transformers' window is the token and the ``window - 1``
+positions before it), written by the host at ``position % rows``; full-attention layers keep
+``max_seq_len`` rows. Tokens and logits must equal transformers' greedy generation past the
+window, for a prompt shorter and longer than the window, through the prefill and decode steps
+only, across decode / prefill buckets; the cache shapes must be the ring's (so the old form fails)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import circle_fx
+from circle_fx.llm import LLMRunner
+from llm_models import greedy_reference, tiny
+
+S, P, W = 64, 16, 8
+NEW = 30
+PROMPTS = ([5, 17, 9, 33, 42],  # shorter than the window
+           [5, 17, 9, 33, 42, 100, 7, 8, 9, 10, 11, 12, 13],  # longer than the window, inside the prefill
+           [(7 * k + 3) % 120 + 3 for k in range(20)])  # longer than the prefill: 16 prefilled, 4 decode steps
+
+
+def _mistral(window=W):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=window)
+    model = MistralForCausalLM(cfg).eval()
+    model.config.use_cache = model.generation_config.use_cache = True
+    return model
+
+
+def _states(m):
+    return {s["name"]: s for s in m["cache"]["states"]}
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    model = _mistral()
+    d = str(tmp_path_factory.mktemp("ring_mistral"))
+    # a decode bucket smaller than the ring (4 < 7 rows) and one larger (16): both read the ring
+    pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None,
+                               buckets={"decode": [4, 16], "prefill": [8]})
+    pkg.save(d)
+    return model, d
+
+
+def test_mistral_caches_are_rings_of_the_window(mistral):
+    _, d = mistral
+    m = LLMRunner(d).manifest
+    assert m["version"] == 3 and m["sliding_window"] == W
+    states = _states(m)
+    assert states and all(s["carry"] == "ring" and s["ring"] == W - 1 and s["window"] == W for s in states.values())
+    assert all(s["shape"] == [1, 2, W - 1, 8] for s in states.values())
+    assert m["cache"]["bytes"] == sum(4 * int(np.prod(s["shape"])) for s in states.values())
+    assert m["model"]["num_kv_heads"] == 2 and m["model"]["head_dim"] == 8
+    dec_in = {e["name"]: e for e in m["decode"]["inputs"]}
+    for name in states:  # the decode entry point (every bucket behind it) takes W - 1 rows
+        assert dec_in[name]["shape"] == [1, 2, W - 1, 8]
+    writes = {w["cache"]: w for w in m["decode"]["cache_writes"]}
+    assert all(w["carry"] == "ring" and w["ring"] == W - 1 and w["first_position"] == "position" for w in writes.values())
+    assert LLMRunner(d).caches["key_cache_0"].shape == (1, 2, W - 1, 8)
+
+
+def test_mistral_generates_like_transformers_past_the_window(mistral):
+    model, d = mistral
+    greedy_reference().assert_generates_like_transformers(LLMRunner(d), model, PROMPTS, NEW, label="mistral ring")
+
+
+def test_prefill_leaves_the_last_rows_in_ring_order(mistral):
+    """After a 13-id prompt (> the 7-row ring) slot s holds the position q in 6..12 with q % 7 == s:
+    the prefill's own output row q (compared with the prefill output the runner read)."""
+    _, d = mistral
+    r = LLMRunner(d)
+    ids = PROMPTS[1]
+    r.reset()
+    r.run_prefill(ids)
+    out = r.prefill.output(r._pout["key_0"])
+    n, R = len(ids), W - 1
+    for q in range(n - R, n):
+        np.testing.assert_array_equal(r.caches["key_cache_0"][:, :, q % R, :], out[:, :, q, :])
+
+
+def test_window_not_below_max_seq_len_keeps_full_caches(tmp_path):
+    """A window >= max_seq_len bounds nothing: caches keep max_seq_len rows, written at the position."""
+    m = circle_fx.export_llm(_mistral(window=32), max_seq_len=24, prefill_len=8, tokenizer=None).manifest
+    assert {(s["carry"], s["shape"][2]) for s in m["cache"]["states"]} == {("position", 24)}
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    model = tiny("gemma3")  # window 6; layers sliding, full, sliding
+    model.config.use_cache = model.generation_config.use_cache = True
+    d = str(tmp_path_factory.mktemp("ring_gemma3"))
+    circle_fx.export_llm(model, max_seq_len=48, prefill_len=P, tokenizer=None).save(d)
+    return model, d
+
+
+def test_gemma3_local_layers_ring_global_layers_full(gemma3):
+    model, d = gemma3
+    m = LLMRunner(d).manifest
+    kinds = model.config.layer_types
+    window = model.config.sliding_window
+    assert "full_attention" in kinds and "sliding_attention" in kinds
+    for s in m["cache"]["states"]:
+        if kinds[s["layer"]] == "sliding_attention":
+            assert s["carry"] == "ring" and s["shape"][2] == s["ring"] == window - 1
+        else:
+            assert s["carry"] == "position" and s["shape"][2] == 48
+    assert m["cache"]["shape"] is None  # the states differ in rows
+
+
+def test_gemma3_generates_like_transformers_past_the_window(gemma3):
+    model, d = gemma3
+    greedy_reference().assert_generates_like_transformers(LLMRunner(d), model, PROMPTS[:2], NEW - 2,
+                                                          label="gemma3 ring")
+
+
+def test_version_2_package_still_loads(mistral, tmp_path):
+    """A version-2 manifest (written before rings: every K/V carried at positions) is read and run;
+    the runner refuses a carry it does not know, naming the version."""
+    import shutil
+
+    model = tiny("llama")
+    d = tmp_path / "v2"
+    circle_fx.export_llm(model, max_seq_len=24, prefill_len=8, tokenizer=None).save(d)
+    path = d / "manifest.json"
+    m = json.loads(path.read_text())
+    assert all(s["carry"] == "position" for s in m["cache"]["states"])
+    m["version"] = 2
+    path.write_text(json.dumps(m))
+    model.config.use_cache = model.generation_config.use_cache = True
+    greedy_reference().assert_generates_like_transformers(LLMRunner(d), model, [[5, 17, 9]], 6, label="v2")
+    bad = tmp_path / "bad"
+    shutil.copytree(d, bad)
+    m["decode"]["cache_writes"][0]["carry"] = "spiral"
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(circle_fx.InputError, match=r"cache carry \['spiral'\].*manifest version 2"):
+        LLMRunner(bad)
