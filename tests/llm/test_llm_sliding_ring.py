@@ -52,7 +52,7 @@ def mistral(tmp_path_factory):
 def test_mistral_caches_are_rings_of_the_window(mistral):
     _, d = mistral
     m = LLMRunner(d).manifest
-    assert m["version"] == 3 and m["sliding_window"] == W
+    assert m["version"] == 3 and m["sliding_window"] == W and m["decode"]["recompute"] is None
     states = _states(m)
     assert states and all(s["carry"] == "ring" and s["ring"] == W - 1 and s["window"] == W for s in states.values())
     assert all(s["shape"] == [1, 2, W - 1, 8] for s in states.values())
@@ -106,6 +106,7 @@ def test_gemma3_local_layers_ring_global_layers_full(gemma3):
     kinds = model.config.layer_types
     window = model.config.sliding_window
     assert "full_attention" in kinds and "sliding_attention" in kinds
+    assert m["decode"]["recompute"] is None and len(m["cache"]["states"]) == 2 * len(kinds)
     for s in m["cache"]["states"]:
         if kinds[s["layer"]] == "sliding_attention":
             assert s["carry"] == "ring" and s["shape"][2] == s["ring"] == window - 1
