@@ -254,8 +254,8 @@ def cache_writes(caches, rows: str, first_cache_row, count) -> list[dict]:
         elif c.carry == RING:
             out.append({"output": c.output, "cache": c.name, "carry": c.carry, "axis": 2, "ring": c.ring,
                         "first_position": first_cache_row, "count": count,
-                        "rows": f"output row i (position {first_cache_row} + i) -> cache row "
-                                f"({first_cache_row} + i) % {c.ring}; only the last {c.ring} of {count}"})
+                        "rows": f"0 -> position % {c.ring}" if count == 1 else
+                                f"q -> q % {c.ring} for q in max(0, {count}-{c.ring})..{count}-1"})
         else:
             out.append({"output": c.output, "cache": c.name, "carry": c.carry})
     return out
