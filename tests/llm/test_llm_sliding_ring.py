@@ -142,3 +142,27 @@ def test_version_2_package_still_loads(mistral, tmp_path):
     (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(circle_fx.InputError, match=r"cache carry \['spiral'\].*manifest version 2"):
         LLMRunner(bad)
+
+
+@pytest.mark.slow  # ~40 s: transformers' generate of 400 tokens dominates
+def test_a_realistic_window_with_a_bucket_below_the_ring(tmp_path):
+    """Window 300 (a 299-row ring) on a tiny Gemma-3, decode buckets 128 (below the ring: reads its
+    first 128 rows) / 512 (above) / 700: a 5-id prompt + 400 tokens and a 420-id prompt (64 prefilled,
+    the rest decode steps, past the window) + 60 tokens = transformers' greedy tokens and logits."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=300,
+                           sliding_window_pattern=2, max_position_embeddings=1024)
+    model = Gemma3ForCausalLM(cfg).eval()
+    model.config.use_cache = model.generation_config.use_cache = True
+    pkg = circle_fx.export_llm(model, max_seq_len=700, prefill_len=64, tokenizer=None,
+                               buckets={"decode": [128, 512], "prefill": "off"})
+    rows = {s["name"]: (s["carry"], s["shape"][2]) for s in pkg.manifest["cache"]["states"]}
+    assert rows["key_cache_0"] == ("ring", 299) and rows["key_cache_1"] == ("position", 700)
+    runner = pkg.runner(str(tmp_path / "pkg"))
+    ref = greedy_reference()
+    ref.assert_generates_like_transformers(runner, model, [[5, 17, 9, 33, 42]], 400, label="window 300")
+    ref.assert_generates_like_transformers(runner, model, [[(7 * k + 3) % 120 + 3 for k in range(420)]], 60,
+                                           label="window 300, long prompt")
