@@ -548,7 +548,10 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None, on
         return mf.io_entries(cm.builder, which) if one is None else mf.io_entries(one.builder, which, prefix=f"{part}.")
 
     out = {
-        "format": mf.FORMAT, "version": mf.VERSION if one is not None else 1,
+        # the two-file layout (save(layout="two"), for comparisons) is version 1, or 3 when it has ring
+        # caches: a reader of version 1 would take a ring for a replaced state (mf.one_file tells the layouts)
+        "format": mf.FORMAT,
+        "version": mf.VERSION if one is not None or any(c.carry == "ring" for c in spec.caches) else 1,
         "model": {"architecture": type(model).__name__, "model_type": getattr(cfg, "model_type", None),
                   "vocab_size": spec.vocab_size, "num_layers": spec.num_layers,
                   "num_kv_heads": kv_heads, "head_dim": head_dim,

@@ -207,9 +207,16 @@ def config_json(model) -> str:
         return json.dumps({k: getattr(cfg, k, None) for k in keys}, indent=2)
 
 
+def one_file(manifest: dict) -> bool:
+    """Is the package one ``model.circle`` (versions 2, 3) rather than prefill.circle + decode.circle
+    (version 1, and the two-file comparison layout of a version-3 package with ring caches:
+    ``LLMPackage.save(layout="two")``)? The one-file manifests name their file at the top level."""
+    return manifest.get("version", 1) >= 2 and "file" in manifest
+
+
 def model_files(manifest: dict) -> list[str]:
-    """The Circle files of a package: model.circle (version 2), or prefill.circle + decode.circle (1)."""
-    if manifest.get("version", 1) >= 2:
+    """The Circle files of a package: model.circle (versions 2, 3), or prefill.circle + decode.circle."""
+    if one_file(manifest):
         return [manifest["file"]]
     return [manifest[part]["file"] for part in ("prefill", "decode")]
 

@@ -75,7 +75,7 @@ class LLMRunner:
         self._text = None
         session = _Session if runtime is None else runtime.bound_session
         self._entry = None
-        if m.get("version", 1) >= 2:  # model.circle: one session serves both entry points (its IF)
+        if mf.one_file(m):  # model.circle: one session serves both entry points (its IF)
             self.decode = self.prefill = session(os.path.join(self.directory, m["file"]))
             self._entry = np.zeros((1,), np.bool_)
             self.decode.bind(m["entry"]["index"], self._entry)

@@ -46,11 +46,11 @@ def mistral(tmp_path_factory):
     pkg = circle_fx.export_llm(model, max_seq_len=S, prefill_len=P, tokenizer=None,
                                buckets={"decode": [4, 16], "prefill": [8]})
     pkg.save(d)
-    return model, d
+    return model, d, pkg
 
 
 def test_mistral_caches_are_rings_of_the_window(mistral):
-    _, d = mistral
+    _, d, _ = mistral
     m = LLMRunner(d).manifest
     assert m["version"] == 3 and m["sliding_window"] == W and m["decode"]["recompute"] is None
     states = _states(m)
@@ -67,14 +67,14 @@ def test_mistral_caches_are_rings_of_the_window(mistral):
 
 
 def test_mistral_generates_like_transformers_past_the_window(mistral):
-    model, d = mistral
+    model, d, _ = mistral
     greedy_reference().assert_generates_like_transformers(LLMRunner(d), model, PROMPTS, NEW, label="mistral ring")
 
 
 def test_prefill_leaves_the_last_rows_in_ring_order(mistral):
     """After a 13-id prompt (> the 7-row ring) slot s holds the position q in 6..12 with q % 7 == s:
     the prefill's own output row q (compared with the prefill output the runner read)."""
-    _, d = mistral
+    _, d, _ = mistral
     r = LLMRunner(d)
     ids = PROMPTS[1]
     r.reset()
@@ -83,6 +83,20 @@ def test_prefill_leaves_the_last_rows_in_ring_order(mistral):
     n, R = len(ids), W - 1
     for q in range(n - R, n):
         np.testing.assert_array_equal(r.caches["key_cache_0"][:, :, q % R, :], out[:, :, q, :])
+
+
+def test_two_file_layout_with_rings_is_version_3(mistral, tmp_path):
+    """save(layout="two") of a ring package: prefill.circle + decode.circle under version 3 (a version-1
+    reader would take a ring for a replaced state), read back by the two-file path, the same tokens."""
+    _, d, pkg = mistral
+    two = tmp_path / "two"
+    pkg.save(two, layout="two")
+    m = json.loads((two / "manifest.json").read_text())
+    assert m["version"] == 3 and "file" not in m and m["decode"]["file"] == "decode.circle"
+    r = LLMRunner(two)
+    assert r.prefill is not r.decode  # two sessions
+    ids = PROMPTS[1]
+    assert r.generate(ids, 12, eos_token_ids=[]) == LLMRunner(d).generate(ids, 12, eos_token_ids=[])
 
 
 def test_window_not_below_max_seq_len_keeps_full_caches(tmp_path):
@@ -121,7 +135,7 @@ def test_gemma3_generates_like_transformers_past_the_window(gemma3):
                                                           label="gemma3 ring")
 
 
-def test_version_2_package_still_loads(mistral, tmp_path):
+def test_version_2_package_still_loads(tmp_path):
     """A version-2 manifest (written before rings: every K/V carried at positions) is read and run;
     the runner refuses a carry it does not know, naming the version."""
     import shutil
