@@ -28,7 +28,7 @@ as-is: HF's own mask construction needs ``arange``/run-time sizes that onert lac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -243,6 +243,31 @@ def with_rings(config, spec, caches: list) -> list:
     layers = sliding_layers(config, spec)
     return [State(c.kind, c.layer, c.index, (*c.shape[:2], R, *c.shape[3:]), RING, R)
             if c.kind in ("key", "value") and c.carry == AT_POSITION and c.layer in layers else c for c in caches]
+
+
+#: the window :func:`rings_check` runs at: a ring of 2 rows, which its 8 decode steps wrap 3 times
+CHECK_WINDOW = 3
+
+
+def rings_check(model, spec, full_caches) -> bool:
+    """Do ring caches give the model's own logits where the ring wraps? (In eager, before capture.)
+    The export's self-check (:func:`decode_matches_prefill`, 8 positions) wraps no ring of a real
+    window (512, 4096), so the same check runs here on a copy of ``spec`` whose window is
+    :data:`CHECK_WINDOW`: decode steps over rings of ``CHECK_WINDOW - 1`` rows against the
+    whole-prompt forward, both masked with that window, through the model's own code. A model whose
+    attention reads the key's slot or the number of keys (a bias by key index) fails it and keeps
+    ``max_seq_len`` rows (export_llm warns). Tolerance as :func:`decode_self_check`'s (1e-3 of the
+    logits' scale): a key missing from or added to a window changes the logits by far more."""
+    small = replace(spec, sliding_window=CHECK_WINDOW, caches=list(full_caches))
+    small.caches = with_rings(model.config, small, small.caches)
+    if not any(c.carry == RING for c in small.caches):
+        return True
+    for length_input in (True, False):  # False: a model that takes the cache length as a Python number
+        try:
+            return decode_matches_prefill(model, small, past_length_input=length_input, tol=1e-3)
+        except Exception:
+            continue
+    return False
 
 
 def slot_dependent(model, spec) -> bool:

@@ -43,11 +43,11 @@ from .text import default_tokenizer, text_assets
 
 try:
     from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, causal,
-                        decode_matches_prefill, decode_self_check, layer_kinds, probe_caches, slot_dependent,
-                        with_rings)
+                        decode_matches_prefill, decode_self_check, layer_kinds, probe_caches, rings_check,
+                        slot_dependent, with_rings)
 except ImportError as _e:  # transformers is an optional extra of circle_fx
     DecodeStep = Prefill = causal = decode_matches_prefill = decode_self_check = None
-    layer_kinds = probe_caches = slot_dependent = with_rings = None
+    layer_kinds = probe_caches = rings_check = slot_dependent = with_rings = None
     ATTENTION_KINDS = STATE_KINDS = STATELESS_KINDS = ()
     _MISSING = _e
 
@@ -358,11 +358,20 @@ def _export_cached(model, spec, rope_op, quantize):
         checks = _checks(model, spec)
         spec.kv_in_place = checks[1].kv_in_place = slot_dependent(*checks)
         # sliding-window layers keep only their window, as ring buffers (decided after
-        # slot_dependent, which compares full caches; a slot-dependent model keeps them full)
-        # (by the config the decode step's masks are chosen by: cache._masks)
-        spec.caches = with_rings(model.config, spec, spec.caches)
-        if checks[1] is not spec:
-            checks[1].caches = with_rings(checks[0].config, checks[1], checks[1].caches)
+        # slot_dependent, which compares full caches; a slot-dependent model keeps them full),
+        # by the config the decode step's masks are chosen by (cache._masks), if the model's own
+        # logits come out of rings where they wrap (cache.rings_check, on the full caches)
+        rings = with_rings(model.config, spec, spec.caches)
+        if rings != spec.caches:
+            check_model, check_spec = checks
+            if rings_check(check_model, check_spec, check_spec.caches):
+                spec.caches = rings
+                if check_spec is not spec:
+                    check_spec.caches = with_rings(check_model.config, check_spec, check_spec.caches)
+            else:
+                warnings.warn(f"export_llm: {type(model).__name__}'s sliding-window layers keep max_seq_len cache "
+                              f"rows: decode steps over ring caches did not give its whole-prompt logits in eager "
+                              f"(cache.rings_check)", stacklevel=3)
         decode_pipe, prefill_pipe = _pipelines(rope_op)
         caches = [torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
         ids1, pos = torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)

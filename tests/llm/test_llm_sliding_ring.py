@@ -180,3 +180,21 @@ def test_a_realistic_window_with_a_bucket_below_the_ring(tmp_path):
     ref.assert_generates_like_transformers(runner, model, [[5, 17, 9, 33, 42]], 400, label="window 300")
     ref.assert_generates_like_transformers(runner, model, [[(7 * k + 3) % 120 + 3 for k in range(420)]], 60,
                                            label="window 300, long prompt")
+
+
+def test_rings_that_do_not_give_the_models_logits_are_not_used(monkeypatch, tmp_path):
+    """The eager ring check (cache.rings_check, at a window of 3 where the ring wraps): rings one row
+    short (a wrong window rule) fail it, so the package keeps max_seq_len rows with a warning, and still
+    generates transformers' tokens (rather than shipping the short rings, or recomputing)."""
+    import circle_fx.llm.cache as cache
+
+    real = cache.ring_rows
+    monkeypatch.setattr(cache, "ring_rows", lambda spec: None if real(spec) is None else real(spec) - 1)
+    model = _mistral()
+    with pytest.warns(UserWarning, match="keep max_seq_len cache rows"):
+        pkg = circle_fx.export_llm(model, max_seq_len=32, prefill_len=8, tokenizer=None)
+    m = pkg.manifest
+    assert {(s["carry"], s["shape"][2]) for s in m["cache"]["states"]} == {("position", 32)}
+    assert m["decode"]["recompute"] is None
+    greedy_reference().assert_generates_like_transformers(pkg.runner(str(tmp_path / "p")), model, [PROMPTS[1]], 12,
+                                                          label="full caches")
