@@ -31,7 +31,7 @@ as-is: HF's own mask construction needs ``arange``/run-time sizes that onert lac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -135,7 +135,7 @@ class GraphCache(Cache):
 
 
 #: how the host carries a state from one call to the next (manifest ``cache.states[].carry``)
-AT_POSITION, REPLACE = "position", "replace"
+AT_POSITION, REPLACE, RING = "position", "replace", "ring"
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,10 @@ class State:
     per-layer head_dim, MLA's latents) or a conv window / recurrent state.
 
     ``carry``: ``"position"`` = the model outputs new rows (axis 2) that the host writes at the
-    token's position (K/V, ``shape`` has ``max_seq_len`` rows); ``"replace"`` = the model outputs
-    the whole next state, which replaces the input (conv windows, SSM / linear-attention states)."""
+    token's position (K/V, ``shape`` has ``max_seq_len`` rows); ``"ring"`` = the same rows written
+    at slot ``position % ring`` of a ``ring``-row buffer (a sliding-window layer's K/V, see
+    :func:`with_rings`); ``"replace"`` = the model outputs the whole next state, which replaces the
+    input (conv windows, SSM / linear-attention states)."""
 
     kind: str  # "key", "value", "indexer" (written at positions), "conv", "recurrent" (replaced)
     layer: int
@@ -184,9 +186,21 @@ class State:
             return t.index_copy(3, index, rows.transpose(2, 3))
         return t.index_copy(2, index, rows)
 
+    #: ``carry == "ring"``: the buffer's rows (the window minus the token's own row), else None
+    ring: int | None = None
+
     @property
     def key(self) -> tuple:
         return (self.kind, self.layer, self.index)
+
+    @property
+    def positional(self) -> bool:
+        """Are the outputs new rows along axis 2 (at the position, or at its ring slot)?"""
+        return self.carry in (AT_POSITION, RING)
+
+    def slot(self, position: int) -> int:
+        """The cache row the row of ``position`` is written at."""
+        return position % self.ring if self.carry == RING else position
 
     def _suffix(self) -> str:
         return f"{self.layer}" + (f"_{self.index}" if self.index else "")
@@ -223,6 +237,73 @@ def probe_caches(model, spec) -> list[State]:
     return out
 
 
+def sliding_layers(config, spec) -> set[int]:
+    """The layers whose attention is bounded by ``spec.sliding_window``: those of type
+    ``sliding_attention``, or every layer of a model with a window and no layer types (Mistral)."""
+    if not spec.sliding_window:
+        return set()
+    kinds = layer_kinds(config)
+    if kinds is None:
+        return set(range(spec.num_layers))
+    return {i for i, k in enumerate(kinds) if k == "sliding_attention"}
+
+
+def ring_rows(spec) -> int | None:
+    """The rows of a sliding layer's ring cache, or None when it keeps ``max_seq_len`` rows.
+
+    transformers' window (``masking_utils.sliding_window_overlay``, the mask of every family's
+    ``sliding_attention`` layers and of Mistral's: key ``k`` visible from query ``q`` iff
+    ``q - window < k <= q``) is the token itself and the ``window - 1`` positions before it, so
+    a decode step, which appends the token's own row to the cache, needs ``window - 1`` cached
+    rows (transformers' ``DynamicSlidingWindowLayer`` keeps as many). No ring when ``window >=
+    max_seq_len`` (nothing to save), or ``window < 2`` (nothing to cache)."""
+    W = spec.sliding_window
+    if not W or W >= spec.max_seq_len or W < 2:
+        return None
+    return W - 1
+
+
+def with_rings(config, spec, caches: list) -> list:
+    """``caches`` with each sliding-window layer's K/V (:func:`sliding_layers`) as a ring of
+    :func:`ring_rows` rows: the host writes the row of position ``p`` at slot ``p % rows``
+    (manifest ``carry: "ring"``) and the decode step reads the ring with the mask of
+    :class:`DecodeStep` (a slot is visible once written: every written slot holds a position in
+    the window). Attention over a ring is exact because the keys are cached after RoPE and
+    softmax does not care about the order of the keys; a model whose attention reads the key's
+    slot (``spec.kv_in_place``, MPT's ALiBi) keeps full caches."""
+    R = ring_rows(spec)
+    if R is None or spec.kv_in_place:
+        return list(caches)
+    layers = sliding_layers(config, spec)
+    return [State(c.kind, c.layer, c.index, (*c.shape[:2], R, *c.shape[3:]), RING, ring=R)
+            if c.kind in ("key", "value") and c.carry == AT_POSITION and c.layer in layers else c for c in caches]
+
+
+#: the window :func:`rings_check` runs at: a ring of 2 rows, which its 8 decode steps wrap 3 times
+CHECK_WINDOW = 3
+
+
+def rings_check(model, spec, full_caches) -> bool:
+    """Do ring caches give the model's own logits where the ring wraps? (In eager, before capture.)
+    The export's self-check (:func:`decode_matches_prefill`, 8 positions) wraps no ring of a real
+    window (512, 4096), so the same check runs here on a copy of ``spec`` whose window is
+    :data:`CHECK_WINDOW`: decode steps over rings of ``CHECK_WINDOW - 1`` rows against the
+    whole-prompt forward, both masked with that window, through the model's own code. A model whose
+    attention reads the key's slot or the number of keys (a bias by key index) fails it and keeps
+    ``max_seq_len`` rows (export_llm warns). Tolerance as :func:`decode_self_check`'s (1e-3 of the
+    logits' scale): a key missing from or added to a window changes the logits by far more."""
+    small = replace(spec, sliding_window=CHECK_WINDOW, caches=list(full_caches))
+    small.caches = with_rings(model.config, small, small.caches)
+    if not any(c.carry == RING for c in small.caches):
+        return True
+    for length_input in (True, False):  # False: a model that takes the cache length as a Python number
+        try:
+            return decode_matches_prefill(model, small, past_length_input=length_input, tol=1e-3)
+        except Exception:
+            continue
+    return False
+
+
 def slot_dependent(model, spec) -> bool:
     """Does the decode step's output depend on the key slot the new K/V row sits in? Run in
     eager once with the new row appended after the cache and once written at its position,
@@ -230,9 +311,9 @@ def slot_dependent(model, spec) -> bool:
     logits (up to rounding); one whose attention uses the key's slot does not (MPT slices its
     ALiBi bias by key length, so the appended row would sit S - position slots away)."""
     gen = torch.Generator().manual_seed(0)
-    caches = [torch.randn(c.shape, generator=gen, dtype=spec.torch_dtype) if c.carry == AT_POSITION
+    caches = [torch.randn(c.shape, generator=gen, dtype=spec.torch_dtype) if c.positional
               else torch.zeros(c.shape, dtype=spec.torch_dtype) for c in spec.caches]
-    if not any(c.carry == AT_POSITION for c in spec.caches) or spec.max_seq_len < 2:
+    if not any(c.positional for c in spec.caches) or spec.max_seq_len < 2:
         return False
     ids = torch.full((1, 1), min(3, spec.vocab_size - 1), dtype=torch.int32)
     pos = torch.tensor([spec.max_seq_len // 2], dtype=torch.int32)
@@ -273,7 +354,7 @@ def decode_matches_prefill(model, spec, past_length_input: bool, tol: float = 1e
             out = step(ids[:, p:p + 1], torch.tensor([p], dtype=torch.int32), [states[c.key] for c in spec.caches])
             for c in spec.caches:
                 states[c.key] = out[c.output] if c.carry == REPLACE else c.written(
-                    states[c.key], out[c.output], torch.tensor([p]))
+                    states[c.key], out[c.output], torch.tensor([c.slot(p)]))
         want = Prefill(model, spec, length=q + 1)(ids, torch.tensor([q], dtype=torch.int32))["logits"]
     return _close(out["logits"], want, tol=tol)
 
@@ -416,20 +497,37 @@ class DecodeStep(torch.nn.Module):
         self.register_buffer("lo", lo.to(torch.int32), persistent=False)
         self.register_buffer("hi", hi.to(torch.int32), persistent=False)
         self.register_buffer("chunk_end", ends.to(torch.int32), persistent=False)
+        # sliding-window layers with ring caches (:func:`with_rings`, never in place): slot s of R
+        # rows holds position p - 1 - ((p - 1 - s) mod R), the latest position before p written
+        # there, which is >= p - R > p - window: in the window whenever it is written, and slot s is
+        # written once p > s. So slot s is visible iff s < position, like a full cache's row s; the
+        # appended new row (slot R) always. A bucket of B < R rows reads slots 0..B-1: a position
+        # < B has written no slot past them.
+        ring = next((c.ring for c in spec.caches if c.carry == RING), None)
+        self.ring = None if ring is None else min(ring, S)
+        if self.ring is not None:
+            self.register_buffer("ring_lo", torch.cat([torch.arange(self.ring), torch.tensor([-1])]).to(torch.int32),
+                                 persistent=False)
 
     def forward(self, input_ids, position, caches):
         spec, L = self.spec, self.spec.num_layers
         if self.bucket < spec.max_seq_len:
-            caches = [(t[..., :self.bucket] if c.axis == 3 else t[:, :, :self.bucket, :]) if c.carry == AT_POSITION
-                      else t for c, t in zip(spec.caches, caches)]
+            caches = [(t[..., :self.bucket] if c.axis == 3 else t[:, :, :self.bucket, :]) if c.carry == AT_POSITION else
+                      t[:, :, :self.bucket, :] if c.carry == RING and self.bucket < c.ring else t
+                      for c, t in zip(spec.caches, caches)]
         caches = [c.as_rows(t) for c, t in zip(spec.caches, caches)]  # a transposed V cache: read as rows
         write_at = (self.rows == position).view(1, 1, -1, 1) if self.in_place else None
         cache = GraphCache(L, {c.key: t for c, t in zip(spec.caches, caches)},
                            position if self.past_length_input else 0, write_at=write_at)
         full = self.lo < position
-        sliding = full & (self.hi > position - spec.sliding_window) if spec.sliding_window else full
+        if self.ring is not None:
+            sliding = self.ring_lo < position
+        elif spec.sliding_window:
+            sliding = full & (self.hi > position - spec.sliding_window)
+        else:
+            sliding = full
         chunked = full & (self.chunk_end > position) if spec.attention_chunk else full
-        shape = (1, 1, 1, full.shape[0])
+        shape = (1, 1, 1, -1)
         mask = _masks(self.model.config, full.view(shape), sliding.view(shape), spec.float_mask, spec.torch_dtype,
                       chunked.view(shape))
         logits = _call(self.model, spec, cache, input_ids=input_ids, position_ids=position.view(1, 1),
@@ -479,7 +577,7 @@ class Prefill(torch.nn.Module):
         out = _outputs(logits, cache, self.spec)
         if self.pad_to is not None and self.pad_to > self.length:
             for c in self.spec.caches:
-                if c.carry == AT_POSITION:
+                if c.positional:
                     out[c.output] = torch.nn.functional.pad(out[c.output], (0, 0, 0, self.pad_to - self.length))
         return out
 

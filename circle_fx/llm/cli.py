@@ -60,6 +60,11 @@ def cmd_export_llm(args) -> int:
           f"prefill_len {m['prefill_len']}, {m['model']['num_layers']} layers, "
           f"ROPE ops in decode: {pkg.decode.op_histogram().get('ROPE', 0)}; decode buckets "
           f"{m['decode']['buckets']['lengths']} cache rows, prefill buckets {m['prefill']['buckets']['lengths']} ids")
+    rings = {s["ring"] for s in m["cache"]["states"] if s["carry"] == "ring"}
+    if m["cache"]["names"]:
+        print(f"KV cache {m['cache']['bytes']:,} bytes" + (
+            f" (sliding-window layers: rings of {', '.join(map(str, sorted(rings)))} rows, window "
+            f"{m['sliding_window']})" if rings else ""))
     for line in quant_options.override_report(pkg.decode):
         print(line)
     if isinstance(checked, list):

@@ -22,6 +22,7 @@ import contextlib
 import inspect
 import io
 import logging
+import math
 import os
 import sys
 import traceback
@@ -43,10 +44,11 @@ from .text import default_tokenizer, text_assets, text_encoder
 
 try:
     from .cache import (ATTENTION_KINDS, STATE_KINDS, STATELESS_KINDS, DecodeStep, Prefill, State, causal,
-                        decode_matches_prefill, decode_self_check, layer_kinds, probe_caches, slot_dependent)
+                        decode_matches_prefill, decode_self_check, layer_kinds, probe_caches, rings_check,
+                        slot_dependent, with_rings)
 except ImportError as _e:  # transformers is an optional extra of circle_fx
     DecodeStep = Prefill = State = causal = decode_matches_prefill = decode_self_check = None
-    layer_kinds = probe_caches = slot_dependent = None
+    layer_kinds = probe_caches = rings_check = slot_dependent = with_rings = None
     ATTENTION_KINDS = STATE_KINDS = STATELESS_KINDS = ()
     _MISSING = _e
 
@@ -93,7 +95,7 @@ class LLMSpec:
         """Can a shorter prompt be right-padded in the prefill model? Only if every state is
         written at positions (K/V): a conv window or recurrent state after P tokens is not the
         state after the prompt's last real token."""
-        return all(c.carry == "position" for c in self.caches)
+        return all(c.positional for c in self.caches)
 
 
 def model_spec(model, max_seq_len: int, prefill_len: int | None) -> LLMSpec:
@@ -358,6 +360,21 @@ def _export_cached(model, spec, rope_op, quantize):
             return None, None
         checks = _checks(model, spec)
         spec.kv_in_place = checks[1].kv_in_place = slot_dependent(*checks)
+        # sliding-window layers keep only their window, as ring buffers (decided after
+        # slot_dependent, which compares full caches; a slot-dependent model keeps them full),
+        # by the config the decode step's masks are chosen by (cache._masks), if the model's own
+        # logits come out of rings where they wrap (cache.rings_check, on the full caches)
+        rings = with_rings(model.config, spec, spec.caches)
+        if rings != spec.caches:
+            check_model, check_spec = checks
+            if rings_check(check_model, check_spec, check_spec.caches):
+                spec.caches = rings
+                if check_spec is not spec:
+                    check_spec.caches = with_rings(check_model.config, check_spec, check_spec.caches)
+            else:
+                warnings.warn(f"export_llm: {type(model).__name__}'s sliding-window layers keep max_seq_len cache "
+                              f"rows: decode steps over ring caches did not give its whole-prompt logits in eager "
+                              f"(cache.rings_check)", stacklevel=3)
         if _transpose_values(spec):  # value caches as [1, H, D, S]: the decode step reads them without a copy
             _set_value_layout(spec, checks[1], transposed=True)
         decode_pipe, prefill_pipe = _pipelines(rope_op)
@@ -582,26 +599,34 @@ def build_manifest(model, spec: LLMSpec, decode, prefill, eos_token_ids=None, on
     if pad is None:
         pad = getattr(cfg, "pad_token_id", None)
     shapes = {c.name: list(c.shape) for c in spec.caches}
+    rings = any(c.carry == "ring" for c in spec.caches)
+    transposed = any(c.carry == "position" and c.axis == 3 for c in spec.caches)
     kv = [list(c.rows_shape) for c in spec.caches if c.kind in ("key", "value")]
     kv_uniform = kv[0] if kv and len({tuple(v) for v in kv}) == 1 else None
     uniform = kv_uniform if len(kv) == len(shapes) and len({tuple(v) for v in shapes.values()}) == 1 else None
+    # heads and head_dim are the model's even when ring caches (sliding layers) have fewer rows
+    heads_dims = {(v[1], v[3]) for v in kv}
+    kv_heads, head_dim = next(iter(heads_dims)) if len(heads_dims) == 1 else (None, None)
     def io(part, cm, which):
         return mf.io_entries(cm.builder, which) if one is None else mf.io_entries(one.builder, which, prefix=f"{part}.")
 
     out = {
-        "format": mf.FORMAT, "version": (mf.TRANSPOSED_VERSION if any(c.axis == 3 for c in spec.caches) else mf.VERSION)
-        if one is not None else 1,
+        # the two-file layout (save(layout="two"), for comparisons) is version 1 (its transposed caches carry
+        # their axis), or 3 when it has ring caches: a reader of version 1 would take a ring for a replaced
+        # state (mf.one_file tells the layouts)
+        "format": mf.FORMAT,
+        "version": mf.STATES_VERSION if rings or (one is not None and transposed) else mf.VERSION if one is not None else 1,
         "model": {"architecture": type(model).__name__, "model_type": getattr(cfg, "model_type", None),
                   "vocab_size": spec.vocab_size, "num_layers": spec.num_layers,
-                  "num_kv_heads": kv_uniform[1] if kv_uniform else None,
-                  "head_dim": kv_uniform[3] if kv_uniform else None,
+                  "num_kv_heads": kv_heads, "head_dim": head_dim,
                   "dtype": "float32"},
         "max_seq_len": spec.max_seq_len, "prefill_len": spec.prefill_len, "sliding_window": spec.sliding_window,
         "attention_chunk": spec.attention_chunk,
         "eos_token_ids": eos, "bos_token_id": getattr(cfg, "bos_token_id", None),
         "pad_token_id": int(pad) if isinstance(pad, int) else None,
         "cache": {"layout": "BHSD", "shape": uniform, "shapes": shapes, "dtype": "float32", "initial": 0.0,
-                  "names": spec.cache_names(), "states": mf.states(spec.caches)},
+                  "bytes": 4 * sum(math.prod(c.shape) for c in spec.caches),
+                  "names": spec.cache_names(), "states": mf.states(spec.caches, spec.sliding_window)},
         "prefill": {"file": "prefill.circle", "limits": prefill.builder.limits, "pads": spec.prefill_pads,
                     "inputs": io("prefill", prefill, "inputs"),
                     "outputs": io("prefill", prefill, "outputs"),

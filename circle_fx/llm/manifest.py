@@ -10,10 +10,16 @@ false}`` (the bool input choosing the entry point), ``"signatures"``; ``prefill`
 ``entry``, every prefill input, every decode input; outputs: every prefill output, then every
 decode output). Bind every input once; after a run read only the outputs of the entry point run.
 Version 1 (still read): ``prefill.circle`` and ``decode.circle``, a session each, as below.
-Version 3: version 2 whose value caches are kept transposed, ``[1, H, D, S]`` (``cache.states[].axis``
-and ``cache_writes[].axis`` 3: the decode step reads them without copying, ``dialect/attention.py``); the host
-writes a new row ``[1, H, 1, D]`` as column ``position`` and a prefill's rows ``[1, H, n, D]`` as columns
-``0..n-1``. Buckets (version 2, absent in packages written before them = one bucket each): ``prefill.buckets`` /
+Version 3: version 2 whose states may be carried two more ways (a version-2 reader would write them
+wrong, so it must refuse the package). Value caches kept transposed, ``[1, H, D, S]``
+(``cache.states[].axis`` and ``cache_writes[].axis`` 3: the decode step reads them without copying,
+``dialect/attention.py``): the host writes a new row ``[1, H, 1, D]`` as column ``position`` and a prefill's
+rows ``[1, H, n, D]`` as columns ``0..n-1``. Ring caches: a sliding-window layer's K/V
+(``cache.states[].carry: "ring"``, with ``"ring": R`` rows and the model's ``"window": W``, R = W - 1
+when W < max_seq_len) is a ``[1, H, R, D]`` buffer (never transposed); the host writes the row of position
+``p`` at row ``p % R`` (prefill: only the prompt's last R rows), and the decode step masks the slots not
+yet written. ``cache.bytes``: every state's bytes. A package with neither is written as version 2.
+Buckets (version 2, absent in packages written before them = one bucket each): ``prefill.buckets`` /
 ``decode.buckets`` = ``{"lengths", "selector", "subgraphs"}``: the entry point is an IF chain over
 models of those prompt lengths / cache rows, chosen in the graph by ``last_index`` / ``position``
 (the smallest that holds it); the host does nothing different (docs/llm-package.md "Buckets").
@@ -27,7 +33,7 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``; version 2 as said above)::
                 "dtype"},
       "max_seq_len": S,            # cache rows per layer: positions 0..S-1
       "prefill_len": P,            # prefill.circle takes exactly P ids (right-pad shorter prompts)
-      "sliding_window": W | null,  # handled by the masks inside the models (no host work)
+      "sliding_window": W | null,  # the masks inside the models; the sliding layers' K/V are rings (v3)
       "attention_chunk": C | null, # chunked attention (Llama 4): also in the masks (no host work)
       "eos_token_ids": [...], "bos_token_id": b | null, "pad_token_id": p | null,
       "cache": {"layout": "BHSD", "dtype": "float32", "initial": 0.0,
@@ -37,12 +43,17 @@ Schema (``format: "circle_fx.llm"``, ``version: 1``; version 2 as said above)::
                 "states": [{"name": "conv_cache_1", "output": "conv_1", "kind": "conv",  # key/value/indexer/conv/recurrent
                             "layer": 1, "index": 0,               # transformers' layer_idx / state_idx
                             "shape": [...], "dtype": "float32",
-                            "carry": "replace" | "position"}, ...]},
+                            "carry": "replace" | "position" | "ring",
+                            "ring": R, "window": W}, ...],       # ring only (version 3)
+                "bytes": N},                                      # version 3
       "prefill": {"file": "prefill.circle", "pads": true | false,   # false: exact-length prompts only
                   "inputs": [IO...], "outputs": [IO...],
                   "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
                                     "first_cache_row": 0, "count": "length",
-                                    "rows": "0..length-1 -> positions 0..length-1"}, ...]},
+                                    "rows": "0..length-1 -> positions 0..length-1"},
+                                   {"output": "key_1", "cache": "key_cache_1", "carry": "ring", "axis": 2,
+                                    "ring": R, "first_position": 0, "count": "length",
+                                    "rows": "..."}, ...]},   # ring: row i -> cache row i % R, last R only
       "decode":  {"file": "decode.circle", "inputs": [IO...], "outputs": [IO...],
                   "cache_writes": [{"output": "key_0", "cache": "key_cache_0", "axis": 2,
                                     "first_cache_row": "position", "count": 1,
@@ -106,6 +117,10 @@ another layer's K/V (Gemma 3n / 4) has no cache, so ``i`` in ``key_cache_i`` is 
    write row 0 of every ``key_i``/``value_i`` output into its cache at row ``p``, and copy
    each ``replace`` state's output over its input.
 
+A ``ring`` state (version 3) is written the same way at row ``position % ring`` instead: in
+step 2 output rows ``max(0, length-ring)..length-1`` go to rows ``q % ring``, in step 3 row 0
+goes to row ``p % ring``.
+
 Recompute (``decode.recompute`` not null; absent in older packages = null): the model carries
 no state (``cache.names`` empty; its forward takes no cache, or would derive wrong positions
 from one). ``decode.circle`` then takes ``input_ids`` [1,S] (every id so far at positions
@@ -132,12 +147,15 @@ from ..errors import InputError
 
 FORMAT, VERSION = "circle_fx.llm", 2
 #: the versions :func:`read` accepts: 1 = prefill.circle + decode.circle (two sessions), 2 = model.circle,
-#: 3 = model.circle with value caches kept transposed (a state's ``axis`` 3: ``[1, H, D, S]``, the host
-#: writes the new rows as columns; :data:`TRANSPOSED_VERSION`)
+#: 3 = model.circle whose value caches may be kept transposed (a state's ``axis`` 3: ``[1, H, D, S]``, the
+#: host writes the new rows as columns) and whose sliding-window layers may carry ring caches
+#: (``carry: "ring"``): :data:`STATES_VERSION`
 VERSIONS = (1, 2, 3)
-#: the one-file version of a package with a state carried on axis 3: a host reading version 2 would
-#: write its rows on axis 2 (wrong), so it must refuse the package instead
-TRANSPOSED_VERSION = 3
+#: the version of a package with a transposed or a ring state: a host reading version 2 would write its
+#: rows on axis 2 / at the position (wrong), so it must refuse the package instead
+STATES_VERSION = 3
+#: ``cache.states[].carry`` values: written at the position / at ``position % ring`` / replaced
+RING = "ring"
 FILE = "manifest.json"
 MODEL_FILE = "model.circle"
 #: transformers' config of the model, as ONE's runner (runtime/ggma) reads it
@@ -198,19 +216,34 @@ def config_json(model) -> str:
         return json.dumps({k: getattr(cfg, k, None) for k in keys}, indent=2)
 
 
+def one_file(manifest: dict) -> bool:
+    """Is the package one ``model.circle`` (versions 2, 3) rather than prefill.circle + decode.circle
+    (version 1, and the two-file comparison layout of a version-3 package with ring caches:
+    ``LLMPackage.save(layout="two")``)? The one-file manifests name their file at the top level."""
+    return manifest.get("version", 1) >= 2 and "file" in manifest
+
+
 def model_files(manifest: dict) -> list[str]:
-    """The Circle files of a package: model.circle (version 2), or prefill.circle + decode.circle (1)."""
-    if manifest.get("version", 1) >= 2:
+    """The Circle files of a package: model.circle (versions 2, 3), or prefill.circle + decode.circle."""
+    if one_file(manifest):
         return [manifest["file"]]
     return [manifest[part]["file"] for part in ("prefill", "decode")]
 
 
-def states(caches) -> list[dict]:
+def states(caches, window=None) -> list[dict]:
     """One entry per state tensor (:class:`~circle_fx.llm.cache.State`): what it is and how the
-    host carries it between calls."""
-    return [{"name": c.name, "output": c.output, "kind": c.kind, "layer": c.layer, "index": c.index,
-             "shape": list(c.shape), "dtype": "float32", "carry": c.carry,
-             **({"axis": c.axis} if c.carry == "position" else {})} for c in caches]
+    host carries it between calls; a ring (``carry: "ring"``, version 3) also names its rows and
+    the model's sliding window, a transposed value cache (version 3) its ``axis``."""
+    out = []
+    for c in caches:
+        entry = {"name": c.name, "output": c.output, "kind": c.kind, "layer": c.layer, "index": c.index,
+                 "shape": list(c.shape), "dtype": "float32", "carry": c.carry}
+        if c.carry == "position":
+            entry["axis"] = c.axis
+        if c.carry == RING:
+            entry.update(ring=c.ring, window=window)
+        out.append(entry)
+    return out
 
 
 #: what a package that recomputes pays (manifest ``decode.recompute.cost``)
@@ -227,12 +260,20 @@ def cache_writes(caches, rows: str, first_cache_row, count) -> list[dict]:
     """One entry per state. ``carry: "position"`` (K/V): output rows ``0..count-1`` (along
     ``axis``) go to cache rows ``first_cache_row..``; ``first_cache_row``/``count`` are ints or
     the names of run-time values (``"position"``, ``"length"``); ``rows`` says the same in words.
+    ``carry: "ring"`` (a sliding-window layer's K/V, version 3): output row ``i`` is position
+    ``first_position + i``, written at cache row ``(first_position + i) % ring``; of ``count``
+    rows only the last ``ring`` are written (the earlier ones would be overwritten).
     ``carry: "replace"`` (conv / recurrent states): the output is the whole next state."""
     out = []
     for c in caches:
         if c.carry == "position":
             out.append({"output": c.output, "cache": c.name, "carry": c.carry, "axis": c.axis,
                         "first_cache_row": first_cache_row, "count": count, "rows": rows})
+        elif c.carry == RING:
+            out.append({"output": c.output, "cache": c.name, "carry": c.carry, "axis": 2, "ring": c.ring,
+                        "first_position": first_cache_row, "count": count,
+                        "rows": f"0 -> position % {c.ring}" if count == 1 else
+                                f"q -> q % {c.ring} for q in max(0, {count}-{c.ring})..{count}-1"})
         else:
             out.append({"output": c.output, "cache": c.name, "carry": c.carry})
     return out

@@ -68,7 +68,7 @@ class LLMPackage:
         if self.directory is None:
             raise ValueError("the package has not been saved yet")
         m = self.manifest
-        return os.path.join(self.directory, m["file"] if m.get("version", 1) >= 2 else m[part]["file"])
+        return os.path.join(self.directory, m["file"] if mf.one_file(m) else m[part]["file"])
 
     def read(self, part: str):
         """``part``'s subgraph of the saved package as a ``circle.reader.CircleFile``."""

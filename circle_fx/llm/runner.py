@@ -75,7 +75,7 @@ class LLMRunner:
         self._text = None
         session = _Session if runtime is None else runtime.bound_session
         self._entry = None
-        if m.get("version", 1) >= 2:  # model.circle: one session serves both entry points (its IF)
+        if mf.one_file(m):  # model.circle: one session serves both entry points (its IF)
             self.decode = self.prefill = session(os.path.join(self.directory, m["file"]))
             self._entry = np.zeros((1,), np.bool_)
             self.decode.bind(m["entry"]["index"], self._entry)
@@ -90,9 +90,15 @@ class LLMRunner:
         names = m["cache"]["names"]
         shapes = m["cache"].get("shapes") or {n: m["cache"]["shape"] for n in names}
         self.caches = {n: np.zeros(shapes[n], np.float32) for n in names}
-        # (output, cache, carry, axis): axis 3 = a value cache kept [1, H, D, S] (manifest version 3)
-        self._writes = [(w["output"], w["cache"], w.get("carry", "position"), w.get("axis", 2))
+        # (output, cache, carry, axis, ring rows): "position" rows go to the token's position on ``axis``
+        # (3 = a value cache kept [1, H, D, S], version 3), "ring" rows (a sliding-window layer's K/V,
+        # version 3) to position % ring, "replace" states are replaced
+        self._writes = [(w["output"], w["cache"], w.get("carry", "position"), w.get("axis", 2), w.get("ring"))
                         for w in m["decode"]["cache_writes"]]
+        unknown = {c for _, _, c, _, _ in self._writes} - {"position", "ring", "replace"}
+        if unknown:
+            raise InputError(f"{self.directory}: cache carry {sorted(unknown)} is not one this circle_fx knows "
+                             f"(manifest version {m.get('version')})")
         # a model with conv / recurrent states prefills exact prompts only (manifest prefill.pads)
         self.prefill_pads = m["prefill"].get("pads", True)
         # prompt lengths the prefill computes (manifest prefill.buckets; older packages: prefill_len):
@@ -138,11 +144,14 @@ class LLMRunner:
         if n < self.prefill_len and not self.prefill_pads:
             raise InputError(f"this model carries conv / recurrent state: its prefill takes exactly "
                              f"{self.prefill_len} ids (a padded prompt would leave the state after the padding), got {n}")
-        for out, cache, carry, axis in self._writes:
+        for out, cache, carry, axis, ring in self._writes:
             if carry == "position" and axis == 3:
                 self.caches[cache][:, :, :, :n] = np.swapaxes(self.prefill.output(self._pout[out])[:, :, :n, :], 2, 3)
             elif carry == "position":
                 self.caches[cache][:, :, :n, :] = self.prefill.output(self._pout[out])[:, :, :n, :]
+            elif carry == "ring":  # the last `ring` positions, each at its slot (the ring holds nothing older)
+                first = max(0, n - ring)
+                self.caches[cache][:, :, np.arange(first, n) % ring, :] = self.prefill.output(self._pout[out])[:, :, first:n, :]
             else:
                 self.caches[cache][...] = self.prefill.output(self._pout[out])
         return self.prefill.output(self._pout["logits"]).reshape(-1)
@@ -157,11 +166,13 @@ class LLMRunner:
         self._id[0, position if self.recompute else 0] = token
         self._pos[0] = position
         self._run(self.decode, "decode")
-        for out, cache, carry, axis in self._writes:
+        for out, cache, carry, axis, ring in self._writes:
             if carry == "position" and axis == 3:
                 self.caches[cache][:, :, :, position] = self.decode.output(self._dout[out])[:, :, 0, :]
             elif carry == "position":
                 self.caches[cache][:, :, position, :] = self.decode.output(self._dout[out])[:, :, 0, :]
+            elif carry == "ring":
+                self.caches[cache][:, :, position % ring, :] = self.decode.output(self._dout[out])[:, :, 0, :]
             else:
                 self.caches[cache][...] = self.decode.output(self._dout[out])
         return self.decode.output(self._dout["logits"]).reshape(-1)

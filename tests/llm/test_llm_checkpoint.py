@@ -81,11 +81,12 @@ def test_calibration_text_weights_the_q4_0_scales(checkpoint_dir, tmp_path, caps
     # every linear of the tiny Llama (merged q/k/v and gate/up, o, down; the tied lm_head)
     assert "q4_0 scales weighted by activation importance: " in out and "none given" not in out, out
     assert "calibrated on " in out and " tokens of --calibration " in out, out
-    # no file: the checkpoint (small) is read whole and calibrated on ids it generates itself
+    # no file: the checkpoint (small) is read whole and calibrated on the built-in corpus, tokenized by the
+    # package's tokenizer (circle_fx/quant/corpus.py)
     assert main(["export-llm", checkpoint_dir, "-o", str(tmp_path / "d"), "--max-seq-len", "20", "--prefill-len",
                  "4", "--quantize", "q4_0"]) == 0
     default = capsys.readouterr().out
-    assert " data-free tokens (seeded random token ids" in default, default
+    assert " tokens of the built-in corpus (pydoc topics)" in default, default
     if ggml_unsupported_reason():  # the package is written; this CPU cannot run GGML blocks
         assert main(["generate", pkg, "--prompt", PROMPT, "--max-new-tokens", "4"]) == 1
         return
