@@ -19,8 +19,11 @@ float32 by transformers). Text: the first ``--tokens`` tokens of ``pydoc_data.to
 
 Issue 33's rows: ``q4_0-plain`` (the q4_0 preset before it: every weight Q4_0, no calibration),
 ``q4_0+head8-plain`` (lm_head Q8_0, no calibration), ``q4_0`` (the preset as typed: lm_head Q8_0 and
-data-free calibration, whose cost is inside its **export s**), ``q4_0+imatrix+head8`` (the preset
-calibrated on the calibration topics instead); **calibrated on** says which.
+calibration on the built-in corpus, tokenized by the tokenizer found beside the checkpoint; its cost
+is inside its **export s**), ``q4_0 (random ids)`` (the same with no tokenizer: seeded random ids),
+``q4_0+imatrix+head8`` (the preset calibrated on the calibration topics instead), ``q4_0+gptq+head8``
+(GPTQ's rounding on the calibration topics, opt-in); **calibrated on** says which. ``--eval LICENSE``
+evaluates on CPython's LICENSE instead of "execmodel": a text from outside the pydoc topics.
 
 A cell is ``n/a`` with a footnote when onert cannot run the mode on this machine (onert 0.1.0's
 GGML kernels need AVX-512: ``circle_fx/circle/ggml_support.py``). Other helpers add rows by

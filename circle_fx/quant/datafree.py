@@ -76,6 +76,16 @@ def _weightless(model: nn.Module) -> bool:
     return any(p.is_meta or is_lazy(p) or (p.numel() > 1 and not any(p.stride())) for p in model.parameters())
 
 
+def _runnable(model):
+    """``(the causal LM to run, None)``, or ``(None, why it cannot be run on token ids)``."""
+    lm = causal_lm(model)
+    if lm is None:
+        return None, "not a transformers causal LM (no token ids to run it on)"
+    if _weightless(model):
+        return None, "its weights are streamed from the checkpoint (no float copy to run)"
+    return lm, None
+
+
 def corpus_importance(model: nn.Module, encode):
     """``(Importance, None)`` from the model run on the built-in corpus (:mod:`.corpus`) tokenized
     by ``encode``, or ``(None, reason)``: the default when the export has the model's tokenizer.
@@ -84,11 +94,9 @@ def corpus_importance(model: nn.Module, encode):
     from . import corpus
     from .importance import LinearStats
 
-    lm = causal_lm(model)
+    lm, why = _runnable(model)
     if lm is None:
-        return None, "not a transformers causal LM (no token ids to run it on)"
-    if _weightless(model):
-        return None, "its weights are streamed from the checkpoint (no float copy to run)"
+        return None, why
     cfg = lm.config
     bos = cfg.bos_token_id if isinstance(cfg.bos_token_id, int) and 0 <= cfg.bos_token_id < cfg.vocab_size else None
     try:
@@ -160,11 +168,9 @@ def datafree_importance(model: nn.Module, sequences: int = SEQUENCES, tokens: in
     last pass is the one measured."""
     from .importance import LinearStats
 
-    lm = causal_lm(model)
+    lm, why = _runnable(model)
     if lm is None:
-        return None, "not a transformers causal LM (no token ids to run it on)"
-    if _weightless(model):
-        return None, "its weights are streamed from the checkpoint (no float copy to run)"
+        return None, why
     cfg = lm.config
     vocab = cfg.vocab_size
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)

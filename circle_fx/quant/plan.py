@@ -37,7 +37,7 @@ class QuantPlan:
         (:attr:`~.config.QuantConfig.wants_calibration`), else itself. ``why_not``: the caller
         knows it cannot run the model (recorded as the reason instead of trying). ``encode``
         (``text -> ids``, the model's tokenizer; else the ``tokenizer.json`` saved beside its
-        weights, if any; False: none): calibrate on the built-in corpus (:func:`.datafree.corpus_importance`);
+        weights — tokenizer.json or the GGUF —, if any; False: none): calibrate on the built-in corpus (:func:`.datafree.corpus_importance`);
         without one, or when that fails, on seeded random ids (:func:`.datafree.datafree_importance`)."""
         cfg = self.weights
         if cfg is None or not cfg.wants_calibration:

@@ -7,6 +7,9 @@ for), and the export must pack its blocks only while the weight is the one calib
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -63,18 +66,10 @@ def test_rounding_is_used_only_for_the_weight_it_was_computed_from():
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_datafree import _llama as llama  # the small Llama with loud input columns
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, bos_token_id=1)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norm.weight[[3, 17, 40]] = 25.0
-    return model
+    return llama()
 
 
 def test_export_packs_gptq_blocks_for_every_q4_0_linear():
